@@ -1,0 +1,56 @@
+// swift-tools-version:6.0
+import PackageDescription
+
+let swiftSettings: [SwiftSetting] = [
+    .enableUpcomingFeature("ExistentialAny"),
+]
+
+let package = Package(
+    name: "UbiquityFS",
+    platforms: [.macOS(.v15)],
+    products: [
+        .executable(name: "ubiquityfs", targets: ["ubiquityfs"]),
+    ],
+    dependencies: [
+        .package(url: "https://github.com/apple/swift-argument-parser", from: "1.8.2"),
+        .package(url: "https://github.com/apple/swift-log", from: "1.16.2"),
+        .package(url: "https://github.com/groue/GRDB.swift", from: "7.10.0"),
+        .package(url: "https://github.com/apple/swift-crypto", from: "3.12.3"),
+    ],
+    targets: [
+        .systemLibrary(name: "CFuse3", pkgConfig: "fuse3", providers: [.apt(["libfuse3-dev"])]),
+        .target(
+            name: "UbiquityStore",
+            dependencies: [.product(name: "Crypto", package: "swift-crypto")],
+            swiftSettings: swiftSettings),
+        .target(
+            name: "UbiquityReplica",
+            dependencies: ["UbiquityStore", .product(name: "GRDB", package: "GRDB.swift")],
+            swiftSettings: swiftSettings),
+        .target(
+            name: "UbiquitySync",
+            dependencies: ["UbiquityStore", "UbiquityReplica", .product(name: "Logging", package: "swift-log")],
+            swiftSettings: swiftSettings),
+        .target(
+            name: "UbiquityFS",
+            dependencies: ["UbiquityReplica", "UbiquitySync", .product(name: "Logging", package: "swift-log")],
+            swiftSettings: swiftSettings),
+        .target(
+            name: "UbiquityFUSE",
+            dependencies: ["CFuse3", "UbiquityFS", .product(name: "Logging", package: "swift-log")],
+            swiftSettings: swiftSettings),
+        .target(
+            name: "UbiquityCLI",
+            dependencies: [
+                "UbiquityFUSE", "UbiquityFS", "UbiquitySync", "UbiquityReplica", "UbiquityStore",
+                .product(name: "ArgumentParser", package: "swift-argument-parser"),
+                .product(name: "Logging", package: "swift-log"),
+            ],
+            swiftSettings: swiftSettings),
+        .executableTarget(name: "ubiquityfs", dependencies: ["UbiquityCLI"], swiftSettings: swiftSettings),
+        .testTarget(
+            name: "UbiquityCoreTests",
+            dependencies: ["UbiquityFS", "UbiquitySync", "UbiquityReplica", "UbiquityStore"],
+            swiftSettings: swiftSettings),
+    ]
+)

@@ -1,0 +1,55 @@
+/*
+ * CFuse3 — the libfuse3 low-level API as Swift sees it.
+ *
+ * Only UbiquityFUSE imports this module. Each inline wrapper below exists
+ * because Swift cannot call the original directly; the comment says why.
+ */
+#ifndef UBIQUITYFS_CFUSE3_SHIM_H
+#define UBIQUITYFS_CFUSE3_SHIM_H
+
+#define FUSE_USE_VERSION 314
+#include <stddef.h>
+#include <fuse_lowlevel.h>
+
+/* fuse_session_loop_mt is a macro that picks a versioned symbol. */
+static inline int ubq_session_loop_mt(struct fuse_session *se, unsigned max_threads) {
+    struct fuse_loop_config *cfg = fuse_loop_cfg_create();
+    fuse_loop_cfg_set_max_threads(cfg, max_threads);
+    fuse_loop_cfg_set_idle_threads(cfg, max_threads / 2 > 0 ? max_threads / 2 : 1);
+    int rc = fuse_session_loop_mt(se, cfg);
+    fuse_loop_cfg_destroy(cfg);
+    return rc;
+}
+
+/* FUSE_ARGS_INIT is a macro. */
+static inline struct fuse_args ubq_args_init(int argc, char **argv) {
+    struct fuse_args args = FUSE_ARGS_INIT(argc, argv);
+    return args;
+}
+
+/* fuse_file_info packs its flags into C bitfields, which Swift cannot set. */
+static inline void ubq_fi_set_direct_io(struct fuse_file_info *fi, int v) { fi->direct_io = v ? 1 : 0; }
+static inline void ubq_fi_set_keep_cache(struct fuse_file_info *fi, int v) { fi->keep_cache = v ? 1 : 0; }
+static inline void ubq_fi_set_cache_readdir(struct fuse_file_info *fi, int v) { fi->cache_readdir = v ? 1 : 0; }
+static inline void ubq_fi_set_noflush(struct fuse_file_info *fi, int v) { fi->noflush = v ? 1 : 0; }
+static inline int ubq_fi_flock_release(const struct fuse_file_info *fi) { return fi->flock_release; }
+
+/* A one-element fuse_bufvec pointing at a file range (for zero-copy replies). */
+static inline int ubq_reply_fd_range(fuse_req_t req, int fd, off_t off, size_t size) {
+    struct fuse_bufvec buf = FUSE_BUFVEC_INIT(size);
+    buf.buf[0].flags = FUSE_BUF_IS_FD | FUSE_BUF_FD_SEEK;
+    buf.buf[0].fd = fd;
+    buf.buf[0].pos = off;
+    return fuse_reply_data(req, &buf, FUSE_BUF_SPLICE_MOVE);
+}
+
+/* st_atim / st_mtim / st_ctim are fine in Swift, but their setters on Linux glibc
+ * go through a union; keep a helper so the adapter stays readable. */
+static inline void ubq_stat_set_times(struct stat *st,
+                                      long long as, long an, long long ms, long mn, long long cs, long cn) {
+    st->st_atim.tv_sec = as; st->st_atim.tv_nsec = an;
+    st->st_mtim.tv_sec = ms; st->st_mtim.tv_nsec = mn;
+    st->st_ctim.tv_sec = cs; st->st_ctim.tv_nsec = cn;
+}
+
+#endif

@@ -1,0 +1,222 @@
+import ArgumentParser
+import Foundation
+import UbiquityFUSE
+import UbiquityReplica
+import UbiquityStore
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// `ubiquityfs` — the command-line interface. `main.swift` only calls `UbiquityCommand.main()`.
+public struct UbiquityCommand: ParsableCommand {
+    public static let configuration = CommandConfiguration(
+        commandName: "ubiquityfs",
+        abstract: "Mount synced containers (iCloud Documents for Linux).",
+        subcommands: [Mount.self, Unmount.self, Status.self])
+
+    public init() {}
+}
+
+/// Print to stderr and exit non-zero: the CLI's one way of failing.
+func fail(_ error: any Error) -> Never {
+    FileHandle.standardError.write(Data("ubiquityfs: \(UbiquityError.wrap(error))\n".utf8))
+    exit(1)
+}
+
+func absolutePath(_ path: String) -> String {
+    let url = URL(fileURLWithPath: path, relativeTo: URL(fileURLWithPath: FileManager.default.currentDirectoryPath))
+    return url.standardizedFileURL.path
+}
+
+struct Mount: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Mount a container; returns once the mount is ready.",
+        discussion: "Without --store, the folder store in $XDG_DATA_HOME/ubiquityfs/store is used (created on first use).")
+
+    @Argument(help: "An existing, empty directory.") var mountpoint: String
+    @Option(help: "Path of a folder store (must exist; an empty folder becomes a new store).") var store: String?
+    @Option(help: "Container ID.") var container: String = Daemon.defaultContainer
+    @Flag(help: "Stay in the foreground and log to stderr.") var foreground = false
+    @Option(name: .customShort("o"), help: "Extra FUSE mount options, comma-separated.") var options: [String] = []
+    @Option(help: .hidden) var notifyFd: Int32?
+
+    func run() throws {
+        let request = MountRequest(mountpoint: absolutePath(mountpoint), storePath: store.map(absolutePath),
+                                   container: container,
+                                   fuseOptions: options.flatMap { $0.split(separator: ",").map(String.init) },
+                                   foreground: foreground || notifyFd != nil, notifyFD: notifyFd)
+        if request.foreground {
+            do {
+                chdir("/")
+                try Daemon(request: request).run()
+            } catch {
+                if let fd = notifyFd { Daemon.notify(fd, "error \(UbiquityError.wrap(error))") }
+                fail(error)
+            }
+            return
+        }
+        // Check what can be checked before starting a daemon, for a clear message.
+        do { _ = try Daemon.validateMountpoint(request.mountpoint) } catch { fail(error) }
+        do {
+            let (pid, message) = try spawnDaemon(request)
+            if message.hasPrefix("ready") {
+                let log = message.components(separatedBy: " log ").last ?? ""
+                print("Mounted \(request.container) at \(request.mountpoint) (daemon pid \(pid); log: \(log))")
+            } else {
+                fail(UbiquityError(EIO, message.hasPrefix("error ") ? String(message.dropFirst(6)) : message))
+            }
+        } catch {
+            fail(error)
+        }
+    }
+
+    /// Start `ubiquityfs mount … --notify-fd 3` in its own session and wait
+    /// for its first line: "ready pid N …" or "error MESSAGE".
+    func spawnDaemon(_ request: MountRequest) throws -> (pid: pid_t, message: String) {
+        // Close-on-exec pipe: only the dup2'ed copy (fd 3) reaches the daemon,
+        // so the parent sees EOF as soon as the daemon closes it.
+        var fds: [Int32] = [0, 0]
+        guard pipe(&fds) == 0 else { throw UbiquityError.posix("pipe") }
+        _ = fcntl(fds[0], F_SETFD, FD_CLOEXEC)
+        _ = fcntl(fds[1], F_SETFD, FD_CLOEXEC)
+        if fds[1] == 3 {
+            let moved = fcntl(3, F_DUPFD_CLOEXEC, 10)
+            close(3)
+            fds[1] = moved
+        }
+        let exe = (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe")) ?? CommandLine.arguments[0]
+        var arguments = [exe, "mount", request.mountpoint, "--container", request.container, "--notify-fd", "3"]
+        if let store = request.storePath { arguments += ["--store", store] }
+        if !request.fuseOptions.isEmpty { arguments += ["-o", request.fuseOptions.joined(separator: ",")] }
+
+        var actions = posix_spawn_file_actions_t()
+        posix_spawn_file_actions_init(&actions)
+        defer { posix_spawn_file_actions_destroy(&actions) }
+        posix_spawn_file_actions_addclose(&actions, fds[0])
+        posix_spawn_file_actions_adddup2(&actions, fds[1], 3)
+        posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0)
+        posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0)
+        posix_spawn_file_actions_addopen(&actions, 2, "/dev/null", O_WRONLY, 0)
+        var attributes = posix_spawnattr_t()
+        posix_spawnattr_init(&attributes)
+        defer { posix_spawnattr_destroy(&attributes) }
+        posix_spawnattr_setflags(&attributes, Int16(0x80))   // POSIX_SPAWN_SETSID: survive the terminal
+
+        var argv: [UnsafeMutablePointer<CChar>?] = arguments.map { strdup($0) } + [nil]
+        defer { argv.forEach { free($0) } }
+        var pid: pid_t = 0
+        let rc = posix_spawn(&pid, exe, &actions, &attributes, &argv, environ)
+        close(fds[1])
+        guard rc == 0 else {
+            close(fds[0])
+            throw UbiquityError(rc, "cannot start the daemon: \(String(cString: strerror(rc)))")
+        }
+        var output = Data()
+        var buffer = [UInt8](repeating: 0, count: 4096)
+        while true {
+            let n = read(fds[0], &buffer, buffer.count)
+            if n < 0 && errno == EINTR { continue }
+            if n <= 0 { break }
+            output.append(contentsOf: buffer[0..<n])
+        }
+        close(fds[0])
+        let message = String(decoding: output, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)
+        if message.isEmpty {
+            var status: Int32 = 0
+            waitpid(pid, &status, 0)
+            throw UbiquityError(EIO, "the daemon exited before the mount was ready (status \(status)); see its log under $XDG_DATA_HOME/ubiquityfs/replicas")
+        }
+        return (pid, message)
+    }
+}
+
+struct Unmount: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Wait until every change is in the store, then unmount.")
+
+    @Argument(help: "The mountpoint.") var mountpoint: String
+    @Flag(help: "Detach at once; pending changes stay queued for the next mount.") var force = false
+
+    func run() throws {
+        let path = absolutePath(mountpoint)
+        let socket = Locations().controlSocket(mountpoint: path).path
+        if force {
+            do { try Unmounter.unmount(path, lazy: true) } catch { fail(error) }
+            print("Detached \(path); changes not yet pushed stay queued for the next mount.")
+            return
+        }
+        guard Unmounter.isMountpoint(path) else { fail(UbiquityError(EINVAL, "\(path) is not mounted")) }
+        var finalError: String?
+        var finished = false
+        var lastLine = ""
+        let isTTY = isatty(STDERR_FILENO) != 0
+        do {
+            try ControlClient.call(socket: socket, ["command": "unmount"]) { line in
+                if let progress = line["progress"] as? [String: Any] {
+                    let items = progress["items"] as? Int ?? 0
+                    let bytes = progress["bytes"] as? Int ?? 0
+                    let text = "Pushing to the store: \(items) items, \(formatBytes(UInt64(bytes))) left"
+                    if text != lastLine {
+                        FileHandle.standardError.write(Data(((isTTY ? "\r\u{1b}[K" : "") + text + (isTTY ? "" : "\n")).utf8))
+                        lastLine = text
+                    }
+                } else if let error = line["error"] as? String {
+                    finalError = error
+                } else if line["ok"] != nil {
+                    finished = true
+                }
+            }
+        } catch let error as UbiquityError where error.errno == ENOENT || error.errno == ECONNREFUSED {
+            // No daemon answers (it died): unmount what is left; the replica keeps the queue.
+            do { try Unmounter.unmount(path, lazy: false) } catch { fail(error) }
+            print("Unmounted \(path) (its daemon was not running; pending changes are pushed at the next mount).")
+            return
+        } catch {
+            fail(error)
+        }
+        if isTTY && !lastLine.isEmpty { FileHandle.standardError.write(Data("\n".utf8)) }
+        if let finalError { fail(UbiquityError(EIO, finalError)) }
+        guard finished else { fail(UbiquityError(EIO, "the daemon stopped before confirming; pending changes stay queued")) }
+        print("Unmounted \(path); every change is in the store.")
+    }
+}
+
+struct Status: ParsableCommand {
+    static let configuration = CommandConfiguration(abstract: "Show the sync status of a mount.")
+
+    @Argument(help: "The mountpoint.") var mountpoint: String
+    @Flag(help: "Print JSON.") var json = false
+
+    func run() throws {
+        let path = absolutePath(mountpoint)
+        let socket = Locations().controlSocket(mountpoint: path).path
+        var status: [String: Any]?
+        do {
+            try ControlClient.call(socket: socket, ["command": "status"]) { line in status = line["status"] as? [String: Any] }
+        } catch {
+            fail(UbiquityError(ENOTCONN, "no ubiquityfs daemon serves \(path) (\(error))"))
+        }
+        guard let status else { fail(UbiquityError(EIO, "no answer from the daemon")) }
+        if json {
+            let data = try JSONSerialization.data(withJSONObject: status, options: [.sortedKeys])
+            print(String(decoding: data, as: UTF8.self))
+            return
+        }
+        print("Mount:        \(path) (container \(status["container"] ?? "?"), daemon pid \(status["pid"] ?? "?"))")
+        print("Store:        \((status["storeReachable"] as? Bool ?? false) ? "reachable" : "UNREACHABLE")")
+        print("Pending:      \(status["pendingItems"] ?? 0) items, \(formatBytes(UInt64(status["pendingBytes"] as? Int ?? 0)))")
+        print("Last sync:    \(status["lastSync"] ?? "never")")
+        if let error = status["lastError"] { print("Last error:   \(error) (\(status["lastErrorDate"] ?? ""))") }
+    }
+}
+
+func formatBytes(_ bytes: UInt64) -> String {
+    let units = ["B", "KiB", "MiB", "GiB", "TiB"]
+    var value = Double(bytes)
+    var unit = 0
+    while value >= 1024 && unit < units.count - 1 {
+        value /= 1024
+        unit += 1
+    }
+    return unit == 0 ? "\(bytes) B" : String(format: "%.1f %@", value, units[unit])
+}

@@ -1,0 +1,306 @@
+import Foundation
+import UbiquityReplica
+import UbiquityStore
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Open files and directory listings.
+struct HandleTable: Sendable {
+    struct OpenFile: Sendable {
+        var ino: UInt64
+        var fd: Int32
+        var writable: Bool
+    }
+
+    struct Listing: Sendable {
+        var ino: UInt64
+        /// Snapshot of the directory, ordered by cookie (taken at opendir and at rewind).
+        var entries: [(name: String, ino: UInt64, cookie: UInt64)]
+    }
+
+    var nextHandle: UInt64 = 1
+    var files: [UInt64: OpenFile] = [:]
+    var listings: [UInt64: Listing] = [:]
+
+    mutating func allocate() -> UInt64 {
+        defer { nextHandle += 1 }
+        return nextHandle
+    }
+}
+
+extension FileSystem {
+    // MARK: - Files
+
+    public func open(ino: UInt64, flags: Int32) throws -> OpenReply {
+        let node = try replica.withNamespace { ns -> LocalNode in
+            guard let node = ns.node(ino) else { throw UbiquityError(ENOENT) }
+            return node
+        }
+        switch node.kind {
+        case .directory: throw UbiquityError(EISDIR)
+        case .file: break
+        default: throw UbiquityError(ENXIO)   // the kernel opens special files itself
+        }
+        if node.isPlaceholder {
+            if flags & O_TRUNC != 0 && flags & O_ACCMODE != O_RDONLY {
+                try truncate(ino: ino, size: 0, handle: nil)
+            } else {
+                try hooks.fetchContent(ino: ino)
+            }
+        }
+        return try openFile(node: node, flags: flags, created: false)
+    }
+
+    func openFile(node: LocalNode, flags: Int32, created: Bool) throws -> OpenReply {
+        let ino = node.ino
+        let writable = flags & O_ACCMODE != O_RDONLY
+        let fd = Glibc.open(replica.cachePath(ino), (writable ? O_RDWR : O_RDONLY) | O_CLOEXEC)
+        guard fd >= 0 else {
+            let code = errno
+            throw UbiquityError(code == ENOENT ? EIO : code, "open cache file of inode \(ino): \(String(cString: strerror(code)))")
+        }
+        if writable && flags & O_TRUNC != 0 {
+            if ftruncate(fd, 0) != 0 { close(fd); throw UbiquityError.posix("truncate on open") }
+        }
+        let now = Timespec.now()
+        replica.withNamespace { ns in
+            ns.updateRuntime(ino) {
+                $0.openCount += 1
+                if writable { $0.openWriters += 1 }
+            }
+            if writable && !created {
+                ns.beginContentChange(ino)
+                if flags & O_TRUNC != 0 { ns.contentChanged(ino, size: 0, time: now, monotonic: Self.monotonicNow()) }
+            }
+        }
+        if writable && !created {
+            do { try commit(notify: false) } catch { _ = try? release(handle: registerAndReturn(ino, fd, writable)); throw error }
+        }
+        let handle = registerAndReturn(ino, fd, writable)
+        return OpenReply(handle: handle, keepCache: true)
+    }
+
+    private func registerAndReturn(_ ino: UInt64, _ fd: Int32, _ writable: Bool) -> UInt64 {
+        handles.withLock { table in
+            let handle = table.allocate()
+            table.files[handle] = HandleTable.OpenFile(ino: ino, fd: fd, writable: writable)
+            return handle
+        }
+    }
+
+    func openFileFor(_ handle: UInt64) throws -> HandleTable.OpenFile {
+        guard let file = handles.withLock({ $0.files[handle] }) else { throw UbiquityError(EBADF) }
+        return file
+    }
+
+    public func read(handle: UInt64, offset: Int64, size: Int) throws -> ReadReply {
+        let file = try openFileFor(handle)
+        return .fileRange(fd: file.fd, offset: offset, size: size)
+    }
+
+    /// Write `count` bytes at `offset`; returns the bytes written.
+    public func write(handle: UInt64, offset: Int64, bytes: UnsafeRawPointer, count: Int) throws -> Int {
+        let file = try openFileFor(handle)
+        guard file.writable else { throw UbiquityError(EBADF) }
+        var written = 0
+        while written < count {
+            let n = pwrite(file.fd, bytes + written, count - written, off_t(offset) + off_t(written))
+            if n < 0 {
+                if errno == EINTR { continue }
+                let code = errno
+                if written > 0 { break }
+                throw UbiquityError(code == ENOSPC || code == EDQUOT || code == EFBIG ? code : EIO,
+                                    "write to cache file: \(String(cString: strerror(code)))")
+            }
+            written += n
+        }
+        let end = UInt64(offset) + UInt64(written)
+        let now = Timespec.now()
+        let monotonic = Self.monotonicNow()
+        replica.withNamespace { ns in
+            guard let node = ns.node(file.ino) else { return }
+            ns.contentChanged(file.ino, size: max(node.size, end), time: now, monotonic: monotonic)
+        }
+        return written
+    }
+
+    /// `close(2)` of one file descriptor: what was written is committed.
+    public func flush(handle: UInt64) throws {
+        let file = try openFileFor(handle)
+        if file.writable { try commit() }
+    }
+
+    public func fsync(handle: UInt64, dataOnly: Bool) throws {
+        let file = try openFileFor(handle)
+        try syscallRetrying("fsync cache file") { dataOnly ? fdatasync(file.fd) : Glibc.fsync(file.fd) }
+        try commit()
+    }
+
+    public func release(handle: UInt64) throws {
+        guard let file = handles.withLock({ $0.files.removeValue(forKey: handle) }) else { throw UbiquityError(EBADF) }
+        close(file.fd)
+        let dropped = replica.withNamespace { ns -> Bool in
+            ns.updateRuntime(file.ino) {
+                $0.openCount -= 1
+                if file.writable {
+                    $0.openWriters -= 1
+                    $0.lastContentChange = Self.monotonicNow()
+                }
+            }
+            return ns.dropIfUnreferenced(file.ino)
+        }
+        if dropped { Glibc.unlink(replica.cachePath(file.ino)) }
+        if file.writable { try commit() }
+    }
+
+    public func fallocate(handle: UInt64, mode: Int32, offset: Int64, length: Int64) throws {
+        guard mode == 0 else { throw UbiquityError(EOPNOTSUPP) }
+        let file = try openFileFor(handle)
+        guard file.writable else { throw UbiquityError(EBADF) }
+        let rc = posix_fallocate(file.fd, off_t(offset), off_t(length))
+        guard rc == 0 else { throw UbiquityError(rc) }
+        let end = UInt64(offset + length)
+        let now = Timespec.now()
+        replica.withNamespace { ns in
+            guard let node = ns.node(file.ino), end > node.size else { return }
+            ns.contentChanged(file.ino, size: end, time: now, monotonic: Self.monotonicNow())
+        }
+    }
+
+    // MARK: - Directories
+
+    public func opendir(ino: UInt64) throws -> UInt64 {
+        let listing = try snapshot(ino)
+        return handles.withLock { table in
+            let handle = table.allocate()
+            table.listings[handle] = listing
+            return handle
+        }
+    }
+
+    func snapshot(_ ino: UInt64) throws -> HandleTable.Listing {
+        try replica.withNamespace { ns in
+            guard let dir = ns.node(ino) else { throw UbiquityError(ENOENT) }
+            guard dir.kind == .directory else { throw UbiquityError(ENOTDIR) }
+            let entries = ns.entries(of: ino).map { (name: $0.key, ino: $0.value.ino, cookie: $0.value.cookie) }
+            return HandleTable.Listing(ino: ino, entries: entries.sorted { $0.cookie < $1.cookie })
+        }
+    }
+
+    /// Entries after `offset`, at most `limit`. With `plus`, each real entry
+    /// carries attributes and takes a lookup reference; the adapter gives
+    /// back (`forget`) the references of entries that did not fit.
+    public func readdir(handle: UInt64, offset: Int64, limit: Int, plus: Bool) throws -> [DirectoryEntry] {
+        var listing = try handles.withLock { table -> HandleTable.Listing in
+            guard let listing = table.listings[handle] else { throw UbiquityError(EBADF) }
+            return listing
+        }
+        if offset == 0 {
+            // rewinddir: see the directory as it is now.
+            listing = try snapshot(listing.ino)
+            let fresh = listing
+            handles.withLock { $0.listings[handle] = fresh }
+        }
+        var out: [DirectoryEntry] = []
+        let dirIno = listing.ino
+        if offset < 1 {
+            out.append(DirectoryEntry(name: ".", ino: dirIno, type: UInt32(S_IFDIR), nextOffset: 1, entry: nil))
+        }
+        if offset < 2 {
+            let parent = replica.withNamespace { ns in ns.directoryParent[dirIno] ?? dirIno }
+            out.append(DirectoryEntry(name: "..", ino: parent, type: UInt32(S_IFDIR), nextOffset: 2, entry: nil))
+        }
+        // First entry with a cookie above the offset (binary search: entries are sorted).
+        var low = 0
+        var high = listing.entries.count
+        while low < high {
+            let mid = (low + high) / 2
+            if Int64(listing.entries[mid].cookie) <= offset { low = mid + 1 } else { high = mid }
+        }
+        let slice = listing.entries[low...].prefix(max(0, limit - out.count))
+        replica.withNamespace { ns in
+            for item in slice {
+                // Entries removed since the snapshot are skipped.
+                guard let node = ns.node(item.ino), ns.lookup(dirIno, item.name) == item.ino else { continue }
+                var entry: EntryReply?
+                if plus {
+                    ns.updateRuntime(item.ino) { $0.lookups += 1 }
+                    entry = entryReply(node)
+                }
+                out.append(DirectoryEntry(name: item.name, ino: item.ino, type: node.kind.typeBits,
+                                          nextOffset: Int64(item.cookie), entry: entry))
+            }
+        }
+        return out
+    }
+
+    public func releasedir(handle: UInt64) {
+        _ = handles.withLock { $0.listings.removeValue(forKey: handle) }
+    }
+
+    // MARK: - Extended attributes
+
+    /// Namespaces stored and pushed. Others are refused with EOPNOTSUPP.
+    static func checkXattrName(_ name: String, writing: Bool) throws {
+        guard name.hasPrefix("user.") else { throw UbiquityError(EOPNOTSUPP) }
+        guard name.utf8.count <= 255 else { throw UbiquityError(ERANGE) }
+        if writing && name.hasPrefix("user.ubiquity.") { throw UbiquityError(EPERM, "user.ubiquity.* is reserved for status") }
+    }
+
+    public static let xattrCreate: Int32 = 1   // XATTR_CREATE
+    public static let xattrReplace: Int32 = 2  // XATTR_REPLACE
+
+    public func setxattr(ino: UInt64, name: String, value: Data, flags: Int32) throws {
+        try Self.checkXattrName(name, writing: true)
+        try replica.withNamespace { ns in
+            guard let node = ns.node(ino) else { throw UbiquityError(ENOENT) }
+            let exists = node.xattrs[name] != nil
+            if flags & Self.xattrCreate != 0 && exists { throw UbiquityError(EEXIST) }
+            if flags & Self.xattrReplace != 0 && !exists { throw UbiquityError(ENODATA) }
+            let now = Timespec.now()
+            ns.update(ino) { $0.xattrs[name] = value; $0.ctime = now }
+        }
+        try commit()
+    }
+
+    public func getxattr(ino: UInt64, name: String) throws -> Data {
+        guard name.hasPrefix("user.") else { throw UbiquityError(name.contains(".") ? ENODATA : EOPNOTSUPP) }
+        return try replica.withNamespace { ns in
+            guard let node = ns.node(ino) else { throw UbiquityError(ENOENT) }
+            guard let value = node.xattrs[name] else { throw UbiquityError(ENODATA) }
+            return value
+        }
+    }
+
+    public func listxattr(ino: UInt64) throws -> [String] {
+        try replica.withNamespace { ns in
+            guard let node = ns.node(ino) else { throw UbiquityError(ENOENT) }
+            return node.xattrs.keys.sorted()
+        }
+    }
+
+    public func removexattr(ino: UInt64, name: String) throws {
+        try Self.checkXattrName(name, writing: true)
+        try replica.withNamespace { ns in
+            guard let node = ns.node(ino) else { throw UbiquityError(ENOENT) }
+            guard node.xattrs[name] != nil else { throw UbiquityError(ENODATA) }
+            let now = Timespec.now()
+            ns.update(ino) { $0.xattrs[name] = nil; $0.ctime = now }
+        }
+        try commit()
+    }
+
+    // MARK: - Filesystem
+
+    /// Space is the space of the disk holding the replica's cache.
+    public func statfs() throws -> FilesystemStatistics {
+        var st = statvfs()
+        try syscallRetrying("statvfs") { statvfs(replica.cacheDirectory.path, &st) }
+        let count = replica.withNamespace { ns in UInt64(ns.nodes.count) }
+        let filesFree = max(UInt64(st.f_ffree), 1_000_000)
+        return FilesystemStatistics(blockSize: UInt64(st.f_bsize), blocks: UInt64(st.f_blocks),
+                                    blocksFree: UInt64(st.f_bfree), blocksAvailable: UInt64(st.f_bavail),
+                                    files: count + filesFree, filesFree: filesFree, nameMax: UInt64(Self.nameMax))
+    }
+}

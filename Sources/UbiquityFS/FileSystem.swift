@@ -1,0 +1,345 @@
+import Foundation
+import Synchronization
+import UbiquityReplica
+import UbiquityStore
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// The filesystem core: every FUSE operation as a plain Swift method that
+/// returns a reply value or throws `UbiquityError` (whose errno the adapter
+/// answers). No C binding here; tests drive it without a kernel.
+///
+/// State lives in the replica's namespace (nodes, entries, lookup and open
+/// counts) and in `handles` (open files and directory listings).
+///
+/// Lock order: `handles` and the replica's locks are never held together —
+/// a method takes one, copies what it needs, and lets go. Nothing here
+/// blocks on the store except `open` of a placeholder (which waits for the
+/// download on the calling FUSE worker thread, as documented).
+///
+/// Durability: a change is committed to the index before the method
+/// returns, except content writes, which are committed at `flush` (close),
+/// `fsync` and `release`. That is what survives `kill -9` of the daemon.
+public final class FileSystem: Sendable {
+    public let replica: Replica
+    let hooks: any SyncHooks
+    let options: FileSystemOptions
+    let handles = Mutex(HandleTable())
+
+    public init(replica: Replica, hooks: any SyncHooks, options: FileSystemOptions = FileSystemOptions()) {
+        self.replica = replica
+        self.hooks = hooks
+        self.options = options
+    }
+
+    static let nameMax = 255
+
+    // MARK: - Helpers
+
+    func entryReply(_ node: LocalNode) -> EntryReply {
+        EntryReply(ino: node.ino, attributes: node.attributes,
+                   entryTimeout: options.entryTimeout, attributeTimeout: options.attributeTimeout)
+    }
+
+    /// Commit to the index and tell the sync engine; the index failing is EIO.
+    func commit(notify: Bool = true) throws {
+        try replica.persist()
+        if notify { hooks.localChangeRecorded() }
+    }
+
+    static func checkName(_ name: String) throws {
+        guard !name.isEmpty, name != ".", name != "..", !name.contains("/") else { throw UbiquityError(EINVAL) }
+        guard name.utf8.count <= nameMax else { throw UbiquityError(ENAMETOOLONG) }
+    }
+
+    static func monotonicNow() -> UInt64 {
+        var ts = timespec()
+        clock_gettime(CLOCK_MONOTONIC, &ts)
+        return UInt64(ts.tv_sec) * 1_000_000_000 + UInt64(ts.tv_nsec)
+    }
+
+    // MARK: - Lookup and attributes
+
+    public func lookup(parent: UInt64, name: String) throws -> EntryReply {
+        guard name.utf8.count <= Self.nameMax else { throw UbiquityError(ENAMETOOLONG) }
+        return try replica.withNamespace { ns in
+            guard let dir = ns.node(parent) else { throw UbiquityError(ENOENT) }
+            guard dir.kind == .directory else { throw UbiquityError(ENOTDIR) }
+            guard let ino = ns.lookup(parent, name), let node = ns.node(ino) else { throw UbiquityError(ENOENT) }
+            ns.updateRuntime(ino) { $0.lookups += 1 }
+            return entryReply(node)
+        }
+    }
+
+    /// The kernel forgets `count` references to `ino`.
+    public func forget(ino: UInt64, count: UInt64) {
+        let dropped = replica.withNamespace { ns -> Bool in
+            guard let node = ns.node(ino) else { return false }
+            ns.updateRuntime(ino) { $0.lookups = node.lookups >= count ? node.lookups - count : 0 }
+            return ns.dropIfUnreferenced(ino)
+        }
+        if dropped { Glibc.unlink(replica.cachePath(ino)) }
+    }
+
+    public func getattr(ino: UInt64) throws -> Attributes {
+        try replica.withNamespace { ns in
+            guard let node = ns.node(ino) else { throw UbiquityError(ENOENT) }
+            return node.attributes
+        }
+    }
+
+    public var attributeTimeout: Double { options.attributeTimeout }
+
+    public func setattr(ino: UInt64, changes: AttributeChanges, handle: UInt64?) throws -> Attributes {
+        if let size = changes.size {
+            try truncate(ino: ino, size: size, handle: handle)
+        }
+        let attributes = try replica.withNamespace { ns -> Attributes in
+            guard let node = ns.node(ino) else { throw UbiquityError(ENOENT) }
+            if changes.size != nil, node.kind == .directory { throw UbiquityError(EISDIR) }
+            let now = Timespec.now()
+            ns.update(ino) { n in
+                if let mode = changes.mode { n.mode = mode & 0o7777 }
+                if let uid = changes.uid { n.uid = uid }
+                if let gid = changes.gid { n.gid = gid }
+                switch changes.atime {
+                case .now?: n.atime = now
+                case .at(let t)?: n.atime = t
+                case nil: break
+                }
+                switch changes.mtime {
+                case .now?: n.mtime = now
+                case .at(let t)?: n.mtime = t
+                case nil: break
+                }
+                n.ctime = changes.ctime ?? now
+            }
+            return ns.node(ino)!.attributes
+        }
+        try commit()
+        return attributes
+    }
+
+    func truncate(ino: UInt64, size: UInt64, handle: UInt64?) throws {
+        let node = try replica.withNamespace { ns -> LocalNode in
+            guard let node = ns.node(ino) else { throw UbiquityError(ENOENT) }
+            return node
+        }
+        guard node.kind == .file else { throw UbiquityError(node.kind == .directory ? EISDIR : EINVAL) }
+        if node.isPlaceholder {
+            if size == 0 {
+                // Nothing of the old content survives: no need to fetch it.
+                let fd = Glibc.open(replica.cachePath(ino), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
+                guard fd >= 0 else { throw UbiquityError.posix("create cache file") }
+                close(fd)
+                replica.withNamespace { ns in ns.update(ino, local: false) { $0.hasContent = true } }
+            } else {
+                try hooks.fetchContent(ino: ino)
+            }
+        }
+        if let handle, let fd = handles.withLock({ $0.files[handle]?.fd }) {
+            try syscallRetrying("truncate") { ftruncate(fd, off_t(size)) }
+        } else {
+            try syscallRetrying("truncate") { Glibc.truncate(replica.cachePath(ino), off_t(size)) }
+        }
+        let now = Timespec.now()
+        replica.withNamespace { ns in
+            ns.beginContentChange(ino)
+            ns.contentChanged(ino, size: size, time: now, monotonic: Self.monotonicNow())
+        }
+    }
+
+    public func readlink(ino: UInt64) throws -> String {
+        try replica.withNamespace { ns in
+            guard let node = ns.node(ino) else { throw UbiquityError(ENOENT) }
+            guard node.kind == .symlink, let target = node.target else { throw UbiquityError(EINVAL) }
+            return target
+        }
+    }
+
+    // MARK: - Creating nodes
+
+    /// Create a node named `name` in `parent` with the caller as owner
+    /// (group from a set-gid parent, which new directories inherit).
+    func makeNode(parent: UInt64, name: String, kind: NodeKind, mode: UInt32, caller: Caller,
+                  rdev: UInt64 = 0, target: String? = nil, prepare: ((UInt64) throws -> Void)? = nil) throws -> LocalNode {
+        try Self.checkName(name)
+        let node = try replica.withNamespace { ns -> LocalNode in
+            guard let dir = ns.node(parent) else { throw UbiquityError(ENOENT) }
+            guard dir.kind == .directory, !dir.unlinked else { throw UbiquityError(dir.unlinked ? ENOENT : ENOTDIR) }
+            guard ns.lookup(parent, name) == nil else { throw UbiquityError(EEXIST) }
+            var gid = caller.gid
+            var permissions = mode & 0o7777
+            if dir.mode & UInt32(S_ISGID) != 0 {
+                gid = dir.gid
+                if kind == .directory { permissions |= UInt32(S_ISGID) }
+            }
+            let now = Timespec.now()
+            let ino = ns.createNode(kind: kind, mode: permissions, uid: caller.uid, gid: gid, rdev: rdev,
+                                    target: target, time: now)
+            try prepare?(ino)
+            if kind == .file { ns.beginContentChange(ino) }
+            ns.linkEntry(parent, name, ino)
+            ns.update(parent) { $0.mtime = now; $0.ctime = now }
+            ns.updateRuntime(ino) { $0.lookups += 1 }
+            return ns.node(ino)!
+        }
+        try commit()
+        return node
+    }
+
+    public func mknod(parent: UInt64, name: String, mode: UInt32, rdev: UInt64, caller: Caller) throws -> EntryReply {
+        guard let kind = NodeKind(typeBits: mode), kind != .directory, kind != .symlink else { throw UbiquityError(EINVAL) }
+        let node = try makeNode(parent: parent, name: name, kind: kind, mode: mode, caller: caller,
+                                rdev: (kind == .charDevice || kind == .blockDevice) ? rdev : 0,
+                                prepare: kind == .file ? { ino in try self.createCacheFile(ino) } : nil)
+        return entryReply(node)
+    }
+
+    public func mkdir(parent: UInt64, name: String, mode: UInt32, caller: Caller) throws -> EntryReply {
+        entryReply(try makeNode(parent: parent, name: name, kind: .directory, mode: mode, caller: caller))
+    }
+
+    public func symlink(target: String, parent: UInt64, name: String, caller: Caller) throws -> EntryReply {
+        guard target.utf8.count < 4096 else { throw UbiquityError(ENAMETOOLONG) }
+        return entryReply(try makeNode(parent: parent, name: name, kind: .symlink, mode: 0o777, caller: caller, target: target))
+    }
+
+    public func create(parent: UInt64, name: String, mode: UInt32, flags: Int32, caller: Caller) throws -> (EntryReply, OpenReply) {
+        let node = try makeNode(parent: parent, name: name, kind: .file, mode: mode, caller: caller,
+                                prepare: { ino in try self.createCacheFile(ino) })
+        do {
+            let opened = try openFile(node: node, flags: flags & ~O_TRUNC, created: true)
+            return (entryReply(node), opened)
+        } catch {
+            forget(ino: node.ino, count: 1)
+            throw error
+        }
+    }
+
+    func createCacheFile(_ ino: UInt64) throws {
+        let fd = Glibc.open(replica.cachePath(ino), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
+        guard fd >= 0 else {
+            let code = errno
+            throw UbiquityError(code == ENOSPC ? ENOSPC : EIO, "create cache file: \(String(cString: strerror(code)))")
+        }
+        close(fd)
+    }
+
+    public func link(ino: UInt64, newParent: UInt64, newName: String) throws -> EntryReply {
+        try Self.checkName(newName)
+        let node = try replica.withNamespace { ns -> LocalNode in
+            guard let node = ns.node(ino) else { throw UbiquityError(ENOENT) }
+            guard node.kind != .directory else { throw UbiquityError(EPERM) }
+            guard let dir = ns.node(newParent) else { throw UbiquityError(ENOENT) }
+            guard dir.kind == .directory else { throw UbiquityError(ENOTDIR) }
+            guard ns.lookup(newParent, newName) == nil else { throw UbiquityError(EEXIST) }
+            guard !node.unlinked else { throw UbiquityError(ENOENT) }
+            let now = Timespec.now()
+            ns.linkEntry(newParent, newName, ino)
+            ns.update(ino) { $0.ctime = now }
+            ns.update(newParent) { $0.mtime = now; $0.ctime = now }
+            ns.updateRuntime(ino) { $0.lookups += 1 }
+            return ns.node(ino)!
+        }
+        try commit()
+        return entryReply(node)
+    }
+
+    // MARK: - Removing and renaming
+
+    public func unlink(parent: UInt64, name: String) throws {
+        try remove(parent: parent, name: name, directory: false)
+    }
+
+    public func rmdir(parent: UInt64, name: String) throws {
+        try remove(parent: parent, name: name, directory: true)
+    }
+
+    func remove(parent: UInt64, name: String, directory: Bool) throws {
+        let dropped = try replica.withNamespace { ns -> UInt64? in
+            guard let ino = ns.lookup(parent, name), let node = ns.node(ino) else { throw UbiquityError(ENOENT) }
+            if directory {
+                guard node.kind == .directory else { throw UbiquityError(ENOTDIR) }
+                guard ns.entries(of: ino).isEmpty else { throw UbiquityError(ENOTEMPTY) }
+            } else if node.kind == .directory {
+                throw UbiquityError(EISDIR)
+            }
+            let now = Timespec.now()
+            ns.unlinkEntry(parent, name)
+            ns.update(ino) { $0.ctime = now }
+            ns.update(parent) { $0.mtime = now; $0.ctime = now }
+            return ns.dropIfUnreferenced(ino) ? ino : nil
+        }
+        if let dropped { Glibc.unlink(replica.cachePath(dropped)) }
+        try commit()
+    }
+
+    public func rename(parent: UInt64, name: String, newParent: UInt64, newName: String, flags: RenameFlags) throws {
+        try Self.checkName(newName)
+        guard flags.isSubset(of: [.noReplace, .exchange]), flags != [.noReplace, .exchange] else { throw UbiquityError(EINVAL) }
+        let dropped = try replica.withNamespace { ns -> UInt64? in
+            guard let source = ns.lookup(parent, name), let sourceNode = ns.node(source) else { throw UbiquityError(ENOENT) }
+            guard let destinationDir = ns.node(newParent), destinationDir.kind == .directory else { throw UbiquityError(ENOTDIR) }
+            let target = ns.lookup(newParent, newName)
+            if sourceNode.kind == .directory, try isAncestor(source, of: newParent, in: ns) {
+                throw UbiquityError(EINVAL)
+            }
+            let now = Timespec.now()
+            if flags.contains(.exchange) {
+                guard let target, let targetNode = ns.node(target) else { throw UbiquityError(ENOENT) }
+                if targetNode.kind == .directory, try isAncestor(target, of: parent, in: ns) { throw UbiquityError(EINVAL) }
+                ns.unlinkEntry(parent, name)
+                ns.unlinkEntry(newParent, newName)
+                ns.linkEntry(newParent, newName, source)
+                ns.linkEntry(parent, name, target)
+                ns.update(source) { $0.ctime = now }
+                ns.update(target) { $0.ctime = now }
+                ns.update(parent) { $0.mtime = now; $0.ctime = now }
+                ns.update(newParent) { $0.mtime = now; $0.ctime = now }
+                return nil
+            }
+            var replaced: UInt64?
+            if let target {
+                if target == source { return nil }   // two links to one file: nothing to do
+                guard !flags.contains(.noReplace) else { throw UbiquityError(EEXIST) }
+                guard let targetNode = ns.node(target) else { throw UbiquityError(EIO) }
+                if sourceNode.kind == .directory {
+                    guard targetNode.kind == .directory else { throw UbiquityError(ENOTDIR) }
+                    guard ns.entries(of: target).isEmpty else { throw UbiquityError(ENOTEMPTY) }
+                } else if targetNode.kind == .directory {
+                    throw UbiquityError(EISDIR)
+                }
+                ns.unlinkEntry(newParent, newName)
+                ns.update(target) { $0.ctime = now }
+                replaced = target
+            }
+            ns.unlinkEntry(parent, name)
+            ns.linkEntry(newParent, newName, source)
+            ns.update(source) { $0.ctime = now }
+            ns.update(parent) { $0.mtime = now; $0.ctime = now }
+            if newParent != parent { ns.update(newParent) { $0.mtime = now; $0.ctime = now } }
+            if let replaced, ns.dropIfUnreferenced(replaced) { return replaced }
+            return nil
+        }
+        if let dropped { Glibc.unlink(replica.cachePath(dropped)) }
+        try commit()
+    }
+
+    /// Whether `ancestor` is `ino` or one of its ancestors (directories have one entry).
+    func isAncestor(_ ancestor: UInt64, of ino: UInt64, in ns: Namespace) throws -> Bool {
+        var current = ino
+        var seen = 0
+        while current != Namespace.rootIno {
+            if current == ancestor { return true }
+            guard let parent = parentOfDirectory(current, in: ns) else { return false }
+            current = parent
+            seen += 1
+            if seen > 100_000 { throw UbiquityError(ELOOP) }
+        }
+        return ancestor == Namespace.rootIno
+    }
+
+    func parentOfDirectory(_ ino: UInt64, in ns: Namespace) -> UInt64? { ns.directoryParent[ino] }
+}

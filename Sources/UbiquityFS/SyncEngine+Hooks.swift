@@ -1,0 +1,2 @@
+import UbiquitySync
+extension SyncEngine: SyncHooks {}

@@ -1,0 +1,157 @@
+import Foundation
+import UbiquityReplica
+import UbiquityStore
+
+/// Plain reply types of the filesystem core. The FUSE adapter turns them
+/// into `struct stat`, `fuse_entry_param` and `fuse_reply_*` calls; tests
+/// use them directly.
+
+public struct Attributes: Sendable, Equatable {
+    public var ino: UInt64
+    /// File type bits (S_IFREG…) and permission bits.
+    public var mode: UInt32
+    public var nlink: UInt32
+    public var uid: UInt32
+    public var gid: UInt32
+    public var rdev: UInt64
+    public var size: UInt64
+    public var blocks: UInt64
+    public var atime: Timespec
+    public var mtime: Timespec
+    public var ctime: Timespec
+
+    public static let blockSize: UInt32 = 128 * 1024
+}
+
+public struct EntryReply: Sendable {
+    public var ino: UInt64
+    public var attributes: Attributes
+    public var entryTimeout: Double
+    public var attributeTimeout: Double
+}
+
+/// Who is asking (from `fuse_req_ctx`).
+public struct Caller: Sendable {
+    public var uid: UInt32
+    public var gid: UInt32
+    public var pid: Int32
+    public init(uid: UInt32, gid: UInt32, pid: Int32) {
+        self.uid = uid
+        self.gid = gid
+        self.pid = pid
+    }
+    public static let root = Caller(uid: 0, gid: 0, pid: 0)
+}
+
+public enum TimeChange: Sendable, Equatable {
+    case now
+    case at(Timespec)
+}
+
+public struct AttributeChanges: Sendable {
+    public var mode: UInt32?
+    public var uid: UInt32?
+    public var gid: UInt32?
+    public var size: UInt64?
+    public var atime: TimeChange?
+    public var mtime: TimeChange?
+    public var ctime: Timespec?
+    public init(mode: UInt32? = nil, uid: UInt32? = nil, gid: UInt32? = nil, size: UInt64? = nil,
+                atime: TimeChange? = nil, mtime: TimeChange? = nil, ctime: Timespec? = nil) {
+        self.mode = mode; self.uid = uid; self.gid = gid; self.size = size
+        self.atime = atime; self.mtime = mtime; self.ctime = ctime
+    }
+}
+
+public struct OpenReply: Sendable {
+    public var handle: UInt64
+    /// Keep the kernel's page cache from the previous open (content unchanged since).
+    public var keepCache: Bool
+}
+
+/// What a read answers: a range of a local file (sent with splice, no copy
+/// through this process) or bytes.
+public enum ReadReply: Sendable {
+    case fileRange(fd: Int32, offset: Int64, size: Int)
+    case bytes([UInt8])
+}
+
+public struct DirectoryEntry: Sendable {
+    public var name: String
+    public var ino: UInt64
+    /// File type bits (S_IFDIR…).
+    public var type: UInt32
+    /// Offset of the *next* entry (what `telldir` gives after this one).
+    public var nextOffset: Int64
+    /// Attributes for readdirplus (nil for "." and "..", which take no lookup).
+    public var entry: EntryReply?
+}
+
+public struct FilesystemStatistics: Sendable {
+    public var blockSize: UInt64
+    public var blocks: UInt64
+    public var blocksFree: UInt64
+    public var blocksAvailable: UInt64
+    public var files: UInt64
+    public var filesFree: UInt64
+    public var nameMax: UInt64
+}
+
+/// Rename flags (`renameat2`).
+public struct RenameFlags: OptionSet, Sendable {
+    public let rawValue: UInt32
+    public init(rawValue: UInt32) { self.rawValue = rawValue }
+    public static let noReplace = RenameFlags(rawValue: 1)   // RENAME_NOREPLACE
+    public static let exchange = RenameFlags(rawValue: 2)    // RENAME_EXCHANGE
+    public static let whiteout = RenameFlags(rawValue: 4)    // RENAME_WHITEOUT
+}
+
+/// How the core talks to the sync engine without depending on it.
+public protocol SyncHooks: Sendable {
+    /// Something changed locally that will need pushing.
+    func localChangeRecorded()
+    /// Make the content of placeholder `ino` local (blocking), or throw.
+    func fetchContent(ino: UInt64) throws
+}
+
+public struct FileSystemOptions: Sendable {
+    /// Seconds the kernel may cache entries and attributes.
+    public var entryTimeout: Double = 5
+    public var attributeTimeout: Double = 5
+    public init() {}
+}
+
+extension NodeKind {
+    public var typeBits: UInt32 {
+        switch self {
+        case .file: return UInt32(S_IFREG)
+        case .directory: return UInt32(S_IFDIR)
+        case .symlink: return UInt32(S_IFLNK)
+        case .fifo: return UInt32(S_IFIFO)
+        case .socket: return UInt32(S_IFSOCK)
+        case .charDevice: return UInt32(S_IFCHR)
+        case .blockDevice: return UInt32(S_IFBLK)
+        }
+    }
+
+    public init?(typeBits: UInt32) {
+        switch typeBits & UInt32(S_IFMT) {
+        case UInt32(S_IFREG): self = .file
+        case UInt32(S_IFDIR): self = .directory
+        case UInt32(S_IFLNK): self = .symlink
+        case UInt32(S_IFIFO): self = .fifo
+        case UInt32(S_IFSOCK): self = .socket
+        case UInt32(S_IFCHR): self = .charDevice
+        case UInt32(S_IFBLK): self = .blockDevice
+        default: return nil
+        }
+    }
+}
+
+extension LocalNode {
+    public var attributes: Attributes {
+        let blocks: UInt64 = (kind == .file && hasContent) ? (size + 511) / 512 : 0
+        return Attributes(ino: ino, mode: kind.typeBits | (mode & 0o7777), nlink: nlink, uid: uid, gid: gid,
+                          rdev: rdev, size: size, blocks: blocks, atime: atime, mtime: mtime, ctime: ctime)
+    }
+}

@@ -1,0 +1,457 @@
+import CFuse3
+import Foundation
+import Logging
+import UbiquityFS
+import UbiquityStore
+
+/// The only code that touches libfuse: it translates each low-level request
+/// into a call on `FileSystem` and the result into a `fuse_reply_*`.
+///
+/// Callbacks are `@convention(c)` closures created in a nonisolated
+/// function (never at the top level of `main.swift`, where they would be
+/// main-actor isolated and trap on libfuse's worker threads). Each finds the
+/// `FUSEContext` through `fuse_req_userdata`. Pointers libfuse passes
+/// (`name`, `fi`) are copied before the callback returns. No lock of the
+/// core is held while replying: the core returns values, then we reply.
+final class FUSEContext: @unchecked Sendable {
+    let fs: FileSystem
+    let logger: Logger
+
+    init(fs: FileSystem, logger: Logger) {
+        self.fs = fs
+        self.logger = logger
+    }
+
+    static func from(_ req: fuse_req_t?) -> FUSEContext {
+        Unmanaged<FUSEContext>.fromOpaque(fuse_req_userdata(req)!).takeUnretainedValue()
+    }
+
+    /// Run `body`; a thrown error becomes `fuse_reply_err`.
+    func serve(_ req: fuse_req_t?, _ operation: StaticString, _ body: () throws -> Void) {
+        do {
+            try body()
+        } catch {
+            let e = UbiquityError.wrap(error)
+            if e.errno == EIO || !e.message.isEmpty && e.errno != ENOENT && e.errno != EEXIST && e.errno != ENODATA {
+                logger.warning("\(operation): \(e)")
+            }
+            fuse_reply_err(req, e.errno)
+        }
+    }
+
+    static func caller(_ req: fuse_req_t?) -> Caller {
+        guard let ctx = fuse_req_ctx(req) else { return .root }
+        return Caller(uid: ctx.pointee.uid, gid: ctx.pointee.gid, pid: ctx.pointee.pid)
+    }
+}
+
+enum Convert {
+    static func stat(_ a: Attributes) -> stat {
+        var st = Glibc.stat()
+        st.st_ino = ino_t(a.ino)
+        st.st_mode = mode_t(a.mode)
+        st.st_nlink = nlink_t(a.nlink)
+        st.st_uid = a.uid
+        st.st_gid = a.gid
+        st.st_rdev = dev_t(a.rdev)
+        st.st_size = off_t(a.size)
+        st.st_blksize = blksize_t(Attributes.blockSize)
+        st.st_blocks = blkcnt_t(a.blocks)
+        ubq_stat_set_times(&st, a.atime.sec, Int(a.atime.nsec), a.mtime.sec, Int(a.mtime.nsec), a.ctime.sec, Int(a.ctime.nsec))
+        return st
+    }
+
+    static func entry(_ e: EntryReply) -> fuse_entry_param {
+        var p = fuse_entry_param()
+        p.ino = fuse_ino_t(e.ino)
+        p.generation = 1
+        p.attr = stat(e.attributes)
+        p.attr_timeout = e.attributeTimeout
+        p.entry_timeout = e.entryTimeout
+        return p
+    }
+
+    static func string(_ p: UnsafePointer<CChar>?) -> String { p.map { String(cString: $0) } ?? "" }
+
+    static func timespec(_ t: Glibc.timespec) -> Timespec { Timespec(sec: Int64(t.tv_sec), nsec: Int64(t.tv_nsec)) }
+}
+
+/// Build the operation table. Every entry forwards to the core.
+func makeOperations() -> fuse_lowlevel_ops {
+    var ops = fuse_lowlevel_ops()
+
+    ops.`init` = { userdata, conn in
+        guard let conn else { return }
+        let wanted = UInt32(FUSE_CAP_SPLICE_WRITE | FUSE_CAP_SPLICE_MOVE | FUSE_CAP_ATOMIC_O_TRUNC
+                            | FUSE_CAP_READDIRPLUS | FUSE_CAP_READDIRPLUS_AUTO | FUSE_CAP_PARALLEL_DIROPS
+                            | FUSE_CAP_ASYNC_READ | FUSE_CAP_CACHE_SYMLINKS)
+        conn.pointee.want |= wanted & conn.pointee.capable
+        // Writes may be up to 1 MiB (libfuse's buffer); the kernel sends less if it must.
+        conn.pointee.max_write = 1 << 20
+        conn.pointee.max_readahead = 1 << 20
+        _ = userdata
+    }
+
+    ops.lookup = { req, parent, name in
+        let ctx = FUSEContext.from(req)
+        let name = Convert.string(name)
+        ctx.serve(req, "lookup") {
+            var e = Convert.entry(try ctx.fs.lookup(parent: UInt64(parent), name: name))
+            fuse_reply_entry(req, &e)
+        }
+    }
+
+    ops.forget = { req, ino, count in
+        FUSEContext.from(req).fs.forget(ino: UInt64(ino), count: count)
+        fuse_reply_none(req)
+    }
+
+    ops.forget_multi = { req, count, forgets in
+        let ctx = FUSEContext.from(req)
+        if let forgets {
+            for i in 0..<count { ctx.fs.forget(ino: UInt64(forgets[i].ino), count: forgets[i].nlookup) }
+        }
+        fuse_reply_none(req)
+    }
+
+    ops.getattr = { req, ino, _ in
+        let ctx = FUSEContext.from(req)
+        ctx.serve(req, "getattr") {
+            var st = Convert.stat(try ctx.fs.getattr(ino: UInt64(ino)))
+            fuse_reply_attr(req, &st, ctx.fs.attributeTimeout)
+        }
+    }
+
+    ops.setattr = { req, ino, attr, toSet, fi in
+        let ctx = FUSEContext.from(req)
+        let handle = fi.map { UInt64($0.pointee.fh) }
+        var changes = AttributeChanges()
+        if let attr {
+            let a = attr.pointee
+            if toSet & FUSE_SET_ATTR_MODE != 0 { changes.mode = UInt32(a.st_mode) }
+            if toSet & FUSE_SET_ATTR_UID != 0 { changes.uid = a.st_uid }
+            if toSet & FUSE_SET_ATTR_GID != 0 { changes.gid = a.st_gid }
+            if toSet & FUSE_SET_ATTR_SIZE != 0 { changes.size = UInt64(a.st_size) }
+            if toSet & FUSE_SET_ATTR_ATIME_NOW != 0 { changes.atime = .now }
+            else if toSet & FUSE_SET_ATTR_ATIME != 0 { changes.atime = .at(Convert.timespec(a.st_atim)) }
+            if toSet & FUSE_SET_ATTR_MTIME_NOW != 0 { changes.mtime = .now }
+            else if toSet & FUSE_SET_ATTR_MTIME != 0 { changes.mtime = .at(Convert.timespec(a.st_mtim)) }
+            if toSet & FUSE_SET_ATTR_CTIME != 0 { changes.ctime = Convert.timespec(a.st_ctim) }
+        }
+        ctx.serve(req, "setattr") {
+            var st = Convert.stat(try ctx.fs.setattr(ino: UInt64(ino), changes: changes, handle: handle))
+            fuse_reply_attr(req, &st, ctx.fs.attributeTimeout)
+        }
+    }
+
+    ops.readlink = { req, ino in
+        let ctx = FUSEContext.from(req)
+        ctx.serve(req, "readlink") {
+            let target = try ctx.fs.readlink(ino: UInt64(ino))
+            fuse_reply_readlink(req, target)
+        }
+    }
+
+    ops.mknod = { req, parent, name, mode, rdev in
+        let ctx = FUSEContext.from(req)
+        let name = Convert.string(name)
+        ctx.serve(req, "mknod") {
+            var e = Convert.entry(try ctx.fs.mknod(parent: UInt64(parent), name: name, mode: UInt32(mode),
+                                                   rdev: UInt64(rdev), caller: FUSEContext.caller(req)))
+            fuse_reply_entry(req, &e)
+        }
+    }
+
+    ops.mkdir = { req, parent, name, mode in
+        let ctx = FUSEContext.from(req)
+        let name = Convert.string(name)
+        ctx.serve(req, "mkdir") {
+            var e = Convert.entry(try ctx.fs.mkdir(parent: UInt64(parent), name: name, mode: UInt32(mode),
+                                                   caller: FUSEContext.caller(req)))
+            fuse_reply_entry(req, &e)
+        }
+    }
+
+    ops.unlink = { req, parent, name in
+        let ctx = FUSEContext.from(req)
+        let name = Convert.string(name)
+        ctx.serve(req, "unlink") {
+            try ctx.fs.unlink(parent: UInt64(parent), name: name)
+            fuse_reply_err(req, 0)
+        }
+    }
+
+    ops.rmdir = { req, parent, name in
+        let ctx = FUSEContext.from(req)
+        let name = Convert.string(name)
+        ctx.serve(req, "rmdir") {
+            try ctx.fs.rmdir(parent: UInt64(parent), name: name)
+            fuse_reply_err(req, 0)
+        }
+    }
+
+    ops.symlink = { req, link, parent, name in
+        let ctx = FUSEContext.from(req)
+        let target = Convert.string(link)
+        let name = Convert.string(name)
+        ctx.serve(req, "symlink") {
+            var e = Convert.entry(try ctx.fs.symlink(target: target, parent: UInt64(parent), name: name,
+                                                     caller: FUSEContext.caller(req)))
+            fuse_reply_entry(req, &e)
+        }
+    }
+
+    ops.rename = { req, parent, name, newParent, newName, flags in
+        let ctx = FUSEContext.from(req)
+        let name = Convert.string(name)
+        let newName = Convert.string(newName)
+        ctx.serve(req, "rename") {
+            try ctx.fs.rename(parent: UInt64(parent), name: name, newParent: UInt64(newParent), newName: newName,
+                              flags: RenameFlags(rawValue: flags))
+            fuse_reply_err(req, 0)
+        }
+    }
+
+    ops.link = { req, ino, newParent, newName in
+        let ctx = FUSEContext.from(req)
+        let newName = Convert.string(newName)
+        ctx.serve(req, "link") {
+            var e = Convert.entry(try ctx.fs.link(ino: UInt64(ino), newParent: UInt64(newParent), newName: newName))
+            fuse_reply_entry(req, &e)
+        }
+    }
+
+    ops.open = { req, ino, fi in
+        let ctx = FUSEContext.from(req)
+        guard let fi else { fuse_reply_err(req, EINVAL); return }
+        let flags = fi.pointee.flags
+        ctx.serve(req, "open") {
+            let opened = try ctx.fs.open(ino: UInt64(ino), flags: flags)
+            fi.pointee.fh = opened.handle
+            ubq_fi_set_keep_cache(fi, opened.keepCache ? 1 : 0)
+            if fuse_reply_open(req, fi) == -ENOENT {
+                // The request was interrupted: nobody will release this handle.
+                try? ctx.fs.release(handle: opened.handle)
+            }
+        }
+    }
+
+    ops.create = { req, parent, name, mode, fi in
+        let ctx = FUSEContext.from(req)
+        guard let fi else { fuse_reply_err(req, EINVAL); return }
+        let name = Convert.string(name)
+        let flags = fi.pointee.flags
+        ctx.serve(req, "create") {
+            let (entry, opened) = try ctx.fs.create(parent: UInt64(parent), name: name, mode: UInt32(mode),
+                                                    flags: flags, caller: FUSEContext.caller(req))
+            fi.pointee.fh = opened.handle
+            ubq_fi_set_keep_cache(fi, opened.keepCache ? 1 : 0)
+            var e = Convert.entry(entry)
+            if fuse_reply_create(req, &e, fi) == -ENOENT {
+                try? ctx.fs.release(handle: opened.handle)
+                ctx.fs.forget(ino: entry.ino, count: 1)
+            }
+        }
+    }
+
+    ops.read = { req, _, size, offset, fi in
+        let ctx = FUSEContext.from(req)
+        guard let fi else { fuse_reply_err(req, EBADF); return }
+        let handle = UInt64(fi.pointee.fh)
+        ctx.serve(req, "read") {
+            switch try ctx.fs.read(handle: handle, offset: Int64(offset), size: size) {
+            case .fileRange(let fd, let offset, let size):
+                _ = ubq_reply_fd_range(req, fd, off_t(offset), size)
+            case .bytes(let bytes):
+                _ = bytes.withUnsafeBytes { fuse_reply_buf(req, $0.baseAddress?.assumingMemoryBound(to: CChar.self), $0.count) }
+            }
+        }
+    }
+
+    ops.write = { req, _, buffer, size, offset, fi in
+        let ctx = FUSEContext.from(req)
+        guard let fi, let buffer else { fuse_reply_err(req, EBADF); return }
+        let handle = UInt64(fi.pointee.fh)
+        ctx.serve(req, "write") {
+            let written = try ctx.fs.write(handle: handle, offset: Int64(offset), bytes: UnsafeRawPointer(buffer), count: size)
+            fuse_reply_write(req, written)
+        }
+    }
+
+    ops.flush = { req, _, fi in
+        let ctx = FUSEContext.from(req)
+        guard let fi else { fuse_reply_err(req, EBADF); return }
+        let handle = UInt64(fi.pointee.fh)
+        ctx.serve(req, "flush") {
+            try ctx.fs.flush(handle: handle)
+            fuse_reply_err(req, 0)
+        }
+    }
+
+    ops.release = { req, _, fi in
+        let ctx = FUSEContext.from(req)
+        guard let fi else { fuse_reply_err(req, EBADF); return }
+        let handle = UInt64(fi.pointee.fh)
+        ctx.serve(req, "release") {
+            try ctx.fs.release(handle: handle)
+            fuse_reply_err(req, 0)
+        }
+    }
+
+    ops.fsync = { req, _, datasync, fi in
+        let ctx = FUSEContext.from(req)
+        guard let fi else { fuse_reply_err(req, EBADF); return }
+        let handle = UInt64(fi.pointee.fh)
+        ctx.serve(req, "fsync") {
+            try ctx.fs.fsync(handle: handle, dataOnly: datasync != 0)
+            fuse_reply_err(req, 0)
+        }
+    }
+
+    ops.fallocate = { req, _, mode, offset, length, fi in
+        let ctx = FUSEContext.from(req)
+        guard let fi else { fuse_reply_err(req, EBADF); return }
+        let handle = UInt64(fi.pointee.fh)
+        ctx.serve(req, "fallocate") {
+            try ctx.fs.fallocate(handle: handle, mode: mode, offset: Int64(offset), length: Int64(length))
+            fuse_reply_err(req, 0)
+        }
+    }
+
+    ops.opendir = { req, ino, fi in
+        let ctx = FUSEContext.from(req)
+        guard let fi else { fuse_reply_err(req, EINVAL); return }
+        ctx.serve(req, "opendir") {
+            fi.pointee.fh = try ctx.fs.opendir(ino: UInt64(ino))
+            if fuse_reply_open(req, fi) == -ENOENT { ctx.fs.releasedir(handle: fi.pointee.fh) }
+        }
+    }
+
+    ops.readdir = { req, _, size, offset, fi in
+        listDirectory(req, size: size, offset: offset, fi: fi, plus: false)
+    }
+
+    ops.readdirplus = { req, _, size, offset, fi in
+        listDirectory(req, size: size, offset: offset, fi: fi, plus: true)
+    }
+
+    ops.releasedir = { req, _, fi in
+        let ctx = FUSEContext.from(req)
+        if let fi { ctx.fs.releasedir(handle: UInt64(fi.pointee.fh)) }
+        fuse_reply_err(req, 0)
+    }
+
+    ops.fsyncdir = { req, _, _, _ in
+        let ctx = FUSEContext.from(req)
+        ctx.serve(req, "fsyncdir") {
+            try ctx.fs.replica.persist()
+            fuse_reply_err(req, 0)
+        }
+    }
+
+    ops.statfs = { req, _ in
+        let ctx = FUSEContext.from(req)
+        ctx.serve(req, "statfs") {
+            let s = try ctx.fs.statfs()
+            var st = statvfs()
+            st.f_bsize = UInt(s.blockSize)
+            st.f_frsize = UInt(s.blockSize)
+            st.f_blocks = fsblkcnt_t(s.blocks)
+            st.f_bfree = fsblkcnt_t(s.blocksFree)
+            st.f_bavail = fsblkcnt_t(s.blocksAvailable)
+            st.f_files = fsfilcnt_t(s.files)
+            st.f_ffree = fsfilcnt_t(s.filesFree)
+            st.f_favail = fsfilcnt_t(s.filesFree)
+            st.f_namemax = UInt(s.nameMax)
+            fuse_reply_statfs(req, &st)
+        }
+    }
+
+    ops.setxattr = { req, ino, name, value, size, flags in
+        let ctx = FUSEContext.from(req)
+        let name = Convert.string(name)
+        let data = value.map { Data(bytes: $0, count: size) } ?? Data()
+        ctx.serve(req, "setxattr") {
+            try ctx.fs.setxattr(ino: UInt64(ino), name: name, value: data, flags: flags)
+            fuse_reply_err(req, 0)
+        }
+    }
+
+    ops.getxattr = { req, ino, name, size in
+        let ctx = FUSEContext.from(req)
+        let name = Convert.string(name)
+        ctx.serve(req, "getxattr") {
+            let value = try ctx.fs.getxattr(ino: UInt64(ino), name: name)
+            if size == 0 {
+                fuse_reply_xattr(req, value.count)
+            } else if size < value.count {
+                throw UbiquityError(ERANGE)
+            } else {
+                _ = value.withUnsafeBytes { fuse_reply_buf(req, $0.baseAddress?.assumingMemoryBound(to: CChar.self), $0.count) }
+            }
+        }
+    }
+
+    ops.listxattr = { req, ino, size in
+        let ctx = FUSEContext.from(req)
+        ctx.serve(req, "listxattr") {
+            var list = [UInt8]()
+            for name in try ctx.fs.listxattr(ino: UInt64(ino)) { list += Array(name.utf8) + [0] }
+            if size == 0 {
+                fuse_reply_xattr(req, list.count)
+            } else if size < list.count {
+                throw UbiquityError(ERANGE)
+            } else {
+                _ = list.withUnsafeBytes { fuse_reply_buf(req, $0.baseAddress?.assumingMemoryBound(to: CChar.self), $0.count) }
+            }
+        }
+    }
+
+    ops.removexattr = { req, ino, name in
+        let ctx = FUSEContext.from(req)
+        let name = Convert.string(name)
+        ctx.serve(req, "removexattr") {
+            try ctx.fs.removexattr(ino: UInt64(ino), name: name)
+            fuse_reply_err(req, 0)
+        }
+    }
+
+    return ops
+}
+
+/// readdir and readdirplus: fill one reply buffer of at most `size` bytes.
+func listDirectory(_ req: fuse_req_t?, size: Int, offset: off_t, fi: UnsafeMutablePointer<fuse_file_info>?, plus: Bool) {
+    let ctx = FUSEContext.from(req)
+    guard let fi else { fuse_reply_err(req, EBADF); return }
+    let handle = UInt64(fi.pointee.fh)
+    ctx.serve(req, "readdir") {
+        // An entry takes at least 32 bytes (plus: ~160), so this is an upper bound.
+        let limit = max(2, size / (plus ? 150 : 32))
+        let entries = try ctx.fs.readdir(handle: handle, offset: Int64(offset), limit: limit, plus: plus)
+        let buffer = UnsafeMutablePointer<CChar>.allocate(capacity: size)
+        defer { buffer.deallocate() }
+        var used = 0
+        var index = 0
+        while index < entries.count {
+            let item = entries[index]
+            let needed: Int = item.name.withCString { name in
+                if plus {
+                    var e = item.entry.map(Convert.entry) ?? fuse_entry_param()
+                    if item.entry == nil { e.attr.st_ino = ino_t(item.ino); e.attr.st_mode = mode_t(item.type) }
+                    return fuse_add_direntry_plus(req, buffer + used, size - used, name, &e, off_t(item.nextOffset))
+                } else {
+                    var st = Glibc.stat()
+                    st.st_ino = ino_t(item.ino)
+                    st.st_mode = mode_t(item.type)
+                    return fuse_add_direntry(req, buffer + used, size - used, name, &st, off_t(item.nextOffset))
+                }
+            }
+            if needed > size - used { break }
+            used += needed
+            index += 1
+        }
+        // Entries that did not fit give back the lookup reference they took.
+        for item in entries[index...] where item.entry != nil { ctx.fs.forget(ino: item.ino, count: 1) }
+        fuse_reply_buf(req, buffer, used)
+    }
+}

@@ -1,0 +1,108 @@
+import CFuse3
+import Foundation
+import Logging
+import UbiquityFS
+import UbiquityStore
+
+/// A libfuse low-level session serving one `FileSystem` at a mountpoint.
+///
+/// `mount` creates the session and mounts; `run` serves requests on the
+/// multi-threaded loop until the filesystem is unmounted (by `fusermount3
+/// -u`, `umount`, `requestUnmount`) or SIGTERM/SIGINT/SIGHUP arrives; then
+/// the caller calls `close`.
+public final class FUSESession: @unchecked Sendable {
+    let context: FUSEContext
+    let mountpoint: String
+    var session: OpaquePointer?
+    var mounted = false
+
+    public init(fileSystem: FileSystem, mountpoint: String, logger: Logger) {
+        context = FUSEContext(fs: fileSystem, logger: logger)
+        self.mountpoint = mountpoint
+    }
+
+    /// Create the session and mount it. `options` are `-o` mount options.
+    public func mount(options: [String]) throws {
+        var ops = makeOperations()
+        var arguments = ["ubiquityfs"]
+        for option in options where !option.isEmpty { arguments += ["-o", option] }
+        var cStrings = arguments.map { strdup($0) }
+        defer { cStrings.forEach { free($0) } }
+        var args = ubq_args_init(Int32(cStrings.count), &cStrings)
+        defer { fuse_opt_free_args(&args) }
+        let userdata = Unmanaged.passUnretained(context).toOpaque()
+        guard let se = fuse_session_new(&args, &ops, MemoryLayout<fuse_lowlevel_ops>.size, userdata) else {
+            throw UbiquityError(EINVAL, "invalid FUSE options: \(options.joined(separator: ","))")
+        }
+        session = se
+        guard fuse_session_mount(se, mountpoint) == 0 else {
+            fuse_session_destroy(se)
+            session = nil
+            throw UbiquityError(EIO, "could not mount FUSE at \(mountpoint) (is /dev/fuse available and fusermount3 installed?)")
+        }
+        mounted = true
+        guard fuse_set_signal_handlers(se) == 0 else {
+            throw UbiquityError(EIO, "could not install signal handlers")
+        }
+    }
+
+    /// Serve requests until unmounted or signalled. Returns libfuse's status.
+    public func run(threads: Int = 16) -> Int32 {
+        guard let se = session else { return -1 }
+        return ubq_session_loop_mt(se, UInt32(threads))
+    }
+
+    /// Unmount (if still mounted) and free the session.
+    public func close() {
+        guard let se = session else { return }
+        fuse_remove_signal_handlers(se)
+        if mounted { fuse_session_unmount(se) }
+        mounted = false
+        fuse_session_destroy(se)
+        session = nil
+    }
+}
+
+/// Unmounting from outside the FUSE loop (the CLI, or the daemon itself
+/// after draining): `umount2` as root, `fusermount3 -u` otherwise.
+public enum Unmounter {
+    public static func unmount(_ mountpoint: String, lazy: Bool) throws {
+        if geteuid() == 0 {
+            if umount2(mountpoint, lazy ? Int32(MNT_DETACH) : 0) == 0 { return }
+            let code = errno
+            if code == EBUSY { throw UbiquityError(EBUSY, "\(mountpoint) is busy (a process is using it); close it or use --force") }
+            if code != EPERM { throw UbiquityError(code, "unmount \(mountpoint): \(String(cString: strerror(code)))") }
+        }
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: "/usr/bin/fusermount3")
+        process.arguments = lazy ? ["-u", "-z", mountpoint] : ["-u", mountpoint]
+        let errPipe = Pipe()
+        process.standardError = errPipe
+        do {
+            try process.run()
+        } catch {
+            throw UbiquityError(ENOENT, "cannot run fusermount3: \(error)")
+        }
+        process.waitUntilExit()
+        guard process.terminationStatus == 0 else {
+            let text = String(decoding: errPipe.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+            throw UbiquityError(EBUSY, "fusermount3: \(text.trimmingCharacters(in: .whitespacesAndNewlines))")
+        }
+    }
+
+    /// Whether `path` is currently a mountpoint (from /proc/self/mountinfo).
+    public static func isMountpoint(_ path: String) -> Bool {
+        guard let text = try? String(contentsOfFile: "/proc/self/mountinfo", encoding: .utf8) else { return false }
+        for line in text.split(separator: "\n") {
+            let fields = line.split(separator: " ")
+            guard fields.count > 4 else { continue }
+            if unescape(String(fields[4])) == path { return true }
+        }
+        return false
+    }
+
+    static func unescape(_ s: String) -> String {
+        s.replacingOccurrences(of: "\\040", with: " ").replacingOccurrences(of: "\\011", with: "\t")
+            .replacingOccurrences(of: "\\012", with: "\n").replacingOccurrences(of: "\\134", with: "\\")
+    }
+}

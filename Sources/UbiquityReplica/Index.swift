@@ -1,0 +1,164 @@
+import Foundation
+import GRDB
+import UbiquityStore
+
+/// The replica's persistent index: one SQLite database (GRDB, WAL,
+/// `synchronous=NORMAL`) holding every node, entry and pending change.
+///
+/// The index is written only by `Replica.persist()`, in batches (group
+/// commit); it is read once, at mount, to rebuild the in-memory `Namespace`.
+/// A commit survives `kill -9` of the daemon (WAL pages are in the kernel
+/// once the transaction returns).
+final class Index: Sendable {
+    let db: DatabaseQueue
+
+    init(path: String) throws {
+        var config = Configuration()
+        config.label = "ubiquityfs.index"
+        config.prepareDatabase { db in
+            try db.execute(sql: "PRAGMA journal_mode=WAL")
+            try db.execute(sql: "PRAGMA synchronous=NORMAL")
+        }
+        do {
+            db = try DatabaseQueue(path: path, configuration: config)
+            try migrator.migrate(db)
+        } catch {
+            throw UbiquityError(EIO, "cannot open the replica index \(path): \(error)")
+        }
+    }
+
+    var migrator: DatabaseMigrator {
+        var m = DatabaseMigrator()
+        m.registerMigration("v1") { db in
+            try db.execute(sql: """
+                CREATE TABLE node(
+                  ino INTEGER PRIMARY KEY, id TEXT NOT NULL UNIQUE, kind TEXT NOT NULL,
+                  mode INTEGER NOT NULL, uid INTEGER NOT NULL, gid INTEGER NOT NULL,
+                  size INTEGER NOT NULL, rdev INTEGER NOT NULL, target TEXT,
+                  hash TEXT, hash_size INTEGER NOT NULL,
+                  atime INTEGER NOT NULL, mtime INTEGER NOT NULL, ctime INTEGER NOT NULL, btime INTEGER NOT NULL,
+                  xattrs BLOB, has_content INTEGER NOT NULL,
+                  content_gen INTEGER NOT NULL, pushed_gen INTEGER NOT NULL,
+                  version INTEGER NOT NULL, change INTEGER NOT NULL, pushed INTEGER NOT NULL,
+                  unlinked INTEGER NOT NULL);
+                CREATE TABLE entry(parent INTEGER NOT NULL, name TEXT NOT NULL, child INTEGER NOT NULL,
+                  PRIMARY KEY(parent, name)) WITHOUT ROWID;
+                CREATE TABLE pending_entry(parent INTEGER NOT NULL, name TEXT NOT NULL, change INTEGER NOT NULL,
+                  PRIMARY KEY(parent, name)) WITHOUT ROWID;
+                CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
+                """)
+        }
+        return m
+    }
+
+    func write(_ ops: [IndexOp]) throws {
+        guard !ops.isEmpty else { return }
+        try db.write { db in
+            let upsert = try db.cachedStatement(sql: """
+                INSERT OR REPLACE INTO node VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)
+                """)
+            for op in ops {
+                switch op {
+                case .node(let n):
+                    let xattrs: Data? = n.xattrs.isEmpty ? nil : try JSONEncoder().encode(n.xattrs)
+                    let args: [(any DatabaseValueConvertible)?] = [
+                        Int64(bitPattern: n.ino), n.id, n.kind.rawValue, Int64(n.mode), Int64(n.uid), Int64(n.gid),
+                        Int64(bitPattern: n.size), Int64(bitPattern: n.rdev), n.target, n.hash, Int64(bitPattern: n.hashSize),
+                        n.atime.nanoseconds, n.mtime.nanoseconds, n.ctime.nanoseconds, n.btime.nanoseconds,
+                        xattrs, n.hasContent, Int64(bitPattern: n.contentGeneration), Int64(bitPattern: n.pushedGeneration),
+                        Int64(bitPattern: n.version), Int64(bitPattern: n.change), Int64(bitPattern: n.pushed), n.unlinked,
+                    ]
+                    try upsert.execute(arguments: StatementArguments(args))
+                case .removeNode(let ino):
+                    try db.cachedStatement(sql: "DELETE FROM node WHERE ino = ?").execute(arguments: [Int64(bitPattern: ino)])
+                case .entry(let parent, let name, let child):
+                    try db.cachedStatement(sql: "INSERT OR REPLACE INTO entry VALUES (?,?,?)")
+                        .execute(arguments: [Int64(bitPattern: parent), name, Int64(bitPattern: child)])
+                case .removeEntry(let parent, let name):
+                    try db.cachedStatement(sql: "DELETE FROM entry WHERE parent = ? AND name = ?")
+                        .execute(arguments: [Int64(bitPattern: parent), name])
+                case .pendingEntry(let parent, let name, let change):
+                    try db.cachedStatement(sql: "INSERT OR REPLACE INTO pending_entry VALUES (?,?,?)")
+                        .execute(arguments: [Int64(bitPattern: parent), name, Int64(bitPattern: change)])
+                case .clearPendingEntry(let parent, let name):
+                    try db.cachedStatement(sql: "DELETE FROM pending_entry WHERE parent = ? AND name = ?")
+                        .execute(arguments: [Int64(bitPattern: parent), name])
+                case .meta(let key, let value):
+                    try db.cachedStatement(sql: "INSERT OR REPLACE INTO meta VALUES (?,?)").execute(arguments: [key, value])
+                }
+            }
+        }
+    }
+
+    func meta(_ key: String) throws -> String? {
+        try db.read { db in try String.fetchOne(db, sql: "SELECT value FROM meta WHERE key = ?", arguments: [key]) }
+    }
+
+    /// Rebuild the in-memory namespace from the index.
+    func load() throws -> Namespace {
+        var ns = Namespace()
+        try db.read { db in
+            let decoder = JSONDecoder()
+            let rows = try Row.fetchCursor(db, sql: "SELECT * FROM node")
+            while let row = try rows.next() {
+                let ino = UInt64(bitPattern: row["ino"])
+                guard let kind = NodeKind(rawValue: row["kind"]) else {
+                    throw UbiquityError(EIO, "replica index: node \(ino) has unknown kind")
+                }
+                var n = LocalNode(ino: ino, id: row["id"], kind: kind, mode: UInt32(row["mode"] as Int64),
+                                  uid: UInt32(row["uid"] as Int64), gid: UInt32(row["gid"] as Int64),
+                                  size: UInt64(bitPattern: row["size"]), rdev: UInt64(bitPattern: row["rdev"]),
+                                  target: row["target"], time: Timespec(nanoseconds: row["mtime"]))
+                n.hash = row["hash"]
+                n.hashSize = UInt64(bitPattern: row["hash_size"])
+                n.atime = Timespec(nanoseconds: row["atime"])
+                n.ctime = Timespec(nanoseconds: row["ctime"])
+                n.btime = Timespec(nanoseconds: row["btime"])
+                if let data = row["xattrs"] as Data? { n.xattrs = try decoder.decode([String: Data].self, from: data) }
+                n.hasContent = row["has_content"]
+                n.contentGeneration = UInt64(bitPattern: row["content_gen"])
+                n.pushedGeneration = UInt64(bitPattern: row["pushed_gen"])
+                n.version = UInt64(bitPattern: row["version"])
+                n.change = UInt64(bitPattern: row["change"])
+                n.pushed = UInt64(bitPattern: row["pushed"])
+                n.unlinked = row["unlinked"]
+                n.nlink = 0
+                ns.nodes[ino] = n
+                ns.inoByID[n.id] = ino
+                if kind == .directory { ns.children[ino] = [:] }
+                ns.nextIno = max(ns.nextIno, ino + 1)
+                ns.changeCounter = max(ns.changeCounter, n.change)
+            }
+            let entries = try Row.fetchCursor(db, sql: "SELECT parent, name, child FROM entry")
+            while let row = try entries.next() {
+                let parent = UInt64(bitPattern: row[0])
+                let child = UInt64(bitPattern: row[2])
+                guard ns.nodes[parent] != nil, ns.nodes[child] != nil else { continue }
+                ns.children[parent, default: [:]][row[1]] = DirEntry(ino: child, cookie: ns.nextCookie)
+                ns.nextCookie += 1
+                if ns.nodes[child]!.kind == .directory {
+                    ns.nodes[parent]!.nlink += 1
+                    ns.directoryParent[child] = parent
+                } else {
+                    ns.nodes[child]!.nlink += 1
+                }
+            }
+            for (ino, node) in ns.nodes where node.kind == .directory {
+                ns.nodes[ino]!.nlink += 2
+            }
+            let pending = try Row.fetchCursor(db, sql: "SELECT parent, name, change FROM pending_entry")
+            while let row = try pending.next() {
+                let change = UInt64(bitPattern: row[2])
+                ns.pendingEntries[EntryKey(parent: UInt64(bitPattern: row[0]), name: row[1])] = change
+                ns.changeCounter = max(ns.changeCounter, change)
+            }
+            if let next = try String.fetchOne(db, sql: "SELECT value FROM meta WHERE key = 'next_ino'"), let n = UInt64(next) {
+                ns.nextIno = max(ns.nextIno, n)
+            }
+            if let applied = try String.fetchOne(db, sql: "SELECT value FROM meta WHERE key = 'applied_seq'"), let n = UInt64(applied) {
+                ns.appliedSeq = n
+            }
+        }
+        return ns
+    }
+}

@@ -1,0 +1,95 @@
+import Foundation
+import UbiquityStore
+
+/// One node as this device knows it: the shared state (`NodeState`) plus
+/// what only this replica tracks — the inode number, whether the content is
+/// here, and what still has to be pushed.
+///
+/// Change tracking: `change` is the value of the replica's change counter
+/// when the node was last modified locally, `pushed` the value that was last
+/// committed to the store; the node has metadata to push while
+/// `change > pushed`. Content is tracked the same way with
+/// `contentGeneration` / `pushedGeneration`.
+public struct LocalNode: Sendable {
+    public var ino: UInt64
+    public var id: NodeID
+    public var kind: NodeKind
+    public var mode: UInt32
+    public var uid: UInt32
+    public var gid: UInt32
+    /// Local size (of the cache file for files with local content).
+    public var size: UInt64
+    public var rdev: UInt64
+    public var target: String?
+    /// Hash and size of the content last pushed to or pulled from the store.
+    public var hash: String?
+    public var hashSize: UInt64
+    public var atime: Timespec
+    public var mtime: Timespec
+    public var ctime: Timespec
+    public var btime: Timespec
+    public var xattrs: [String: Data]
+    /// The cache file holds this node's content (always true for new local files).
+    public var hasContent: Bool
+    public var contentGeneration: UInt64
+    public var pushedGeneration: UInt64
+    /// Journal sequence number of the state this node was last synced with.
+    public var version: UInt64
+    public var change: UInt64
+    public var pushed: UInt64
+    /// Number of entries naming this node (directories: 2 + subdirectories).
+    public var nlink: UInt32
+    /// No entry names this node any more; it lives on while open or known to the kernel.
+    public var unlinked: Bool
+
+    // Runtime only (never persisted).
+    public var lookups: UInt64 = 0
+    public var openCount: Int32 = 0
+    public var openWriters: Int32 = 0
+    /// Monotonic nanoseconds of the last local content change (write-back delay).
+    public var lastContentChange: UInt64 = 0
+
+    public init(ino: UInt64, id: NodeID, kind: NodeKind, mode: UInt32, uid: UInt32, gid: UInt32,
+                size: UInt64 = 0, rdev: UInt64 = 0, target: String? = nil, time: Timespec) {
+        self.ino = ino; self.id = id; self.kind = kind; self.mode = mode; self.uid = uid; self.gid = gid
+        self.size = size; self.rdev = rdev; self.target = target
+        self.hash = nil; self.hashSize = 0
+        self.atime = time; self.mtime = time; self.ctime = time; self.btime = time
+        self.xattrs = [:]
+        self.hasContent = true
+        self.contentGeneration = 0; self.pushedGeneration = 0
+        self.version = 0; self.change = 0; self.pushed = 0
+        self.nlink = kind == .directory ? 2 : 0
+        self.unlinked = false
+    }
+
+    public var isDirectory: Bool { kind == .directory }
+    public var hasUnpushedMetadata: Bool { change > pushed }
+    public var hasUnpushedContent: Bool { kind == .file && contentGeneration > pushedGeneration }
+    public var isPlaceholder: Bool { kind == .file && !hasContent }
+
+    /// The state to commit to the store for this node, with content `hash`/`size`.
+    public func sharedState(hash: String?, size: UInt64) -> NodeState {
+        NodeState(id: id, kind: kind, mode: mode, uid: uid, gid: gid,
+                  size: kind == .file ? size : (kind == .symlink ? UInt64(target?.utf8.count ?? 0) : 0),
+                  hash: kind == .file ? hash : nil, target: target, rdev: rdev,
+                  mtime: mtime, ctime: ctime, btime: btime, xattrs: xattrs, base: version)
+    }
+}
+
+/// One directory entry in memory. `cookie` orders the entries of a
+/// directory for `readdir` offsets: it only grows, so a listing resumed at
+/// an offset never repeats or skips an entry that stayed put.
+public struct DirEntry: Sendable {
+    public var ino: UInt64
+    public var cookie: UInt64
+}
+
+public struct EntryKey: Hashable, Sendable {
+    public var parent: UInt64
+    public var name: String
+    public init(parent: UInt64, name: String) {
+        self.parent = parent
+        self.name = name
+    }
+}

@@ -1,0 +1,260 @@
+import Foundation
+import UbiquityStore
+
+/// The replica's in-memory tables: every node and entry, kept coherent with
+/// the index. The hot FUSE paths (`lookup`, `getattr`, `readdir`) are served
+/// from here without touching SQLite.
+///
+/// A `Namespace` is only ever accessed inside `Replica.withNamespace` (under
+/// the replica's lock). Every mutation goes through the primitives below,
+/// which record what the index must write (`dirtyRows`, `log`) and what the
+/// sync engine must push (`change` counters, `pendingEntries`).
+public struct Namespace: Sendable {
+    public internal(set) var nodes: [UInt64: LocalNode] = [:]
+    public internal(set) var children: [UInt64: [String: DirEntry]] = [:]
+    public internal(set) var inoByID: [NodeID: UInt64] = [:]
+    /// The one entry's parent of each linked directory (directories have no hard links).
+    public internal(set) var directoryParent: [UInt64: UInt64] = [:]
+    /// Entries changed locally and not yet pushed: key → change counter value.
+    public internal(set) var pendingEntries: [EntryKey: UInt64] = [:]
+    /// Highest journal sequence number applied to this replica.
+    public internal(set) var appliedSeq: UInt64 = 0
+
+    var nextIno: UInt64 = 2
+    var nextCookie: UInt64 = 3   // 0 = start, 1 = ".", 2 = ".."
+    var changeCounter: UInt64 = 0
+    var dirtyRows: Set<UInt64> = []
+    var log: [IndexOp] = []
+    /// Bumped by every change worth pushing; the sync engine waits on it.
+    public internal(set) var pushWork: UInt64 = 0
+
+    public static let rootIno: UInt64 = 1
+
+    public init() {}
+
+    // MARK: Reading
+
+    public func node(_ ino: UInt64) -> LocalNode? { nodes[ino] }
+
+    public func lookup(_ parent: UInt64, _ name: String) -> UInt64? { children[parent]?[name]?.ino }
+
+    public func entries(of dir: UInt64) -> [String: DirEntry] { children[dir] ?? [:] }
+
+    // MARK: Primitives that record their effect
+
+    mutating func nextChange() -> UInt64 {
+        changeCounter += 1
+        pushWork &+= 1
+        return changeCounter
+    }
+
+    /// Create a node (not yet linked anywhere) and return its inode number.
+    public mutating func createNode(id: NodeID = UUID().uuidString.lowercased(), kind: NodeKind, mode: UInt32,
+                                    uid: UInt32, gid: UInt32, rdev: UInt64 = 0, target: String? = nil,
+                                    time: Timespec = .now(), local: Bool = true) -> UInt64 {
+        let ino = nextIno
+        nextIno += 1
+        var node = LocalNode(ino: ino, id: id, kind: kind, mode: mode, uid: uid, gid: gid,
+                             size: kind == .symlink ? UInt64(target?.utf8.count ?? 0) : 0,
+                             rdev: rdev, target: target, time: time)
+        if local { node.change = nextChange() }
+        nodes[ino] = node
+        inoByID[id] = ino
+        if kind == .directory { children[ino] = [:] }
+        dirtyRows.insert(ino)
+        log.append(.meta(key: "next_ino", value: String(nextIno)))
+        return ino
+    }
+
+    /// Change a node. `local` changes are pushed; remote ones are not.
+    public mutating func update(_ ino: UInt64, local: Bool = true, _ body: (inout LocalNode) -> Void) {
+        guard nodes[ino] != nil else { return }
+        body(&nodes[ino]!)
+        if local { nodes[ino]!.change = nextChange() }
+        dirtyRows.insert(ino)
+    }
+
+    /// Record a content change (write, truncate) without persisting it yet.
+    public mutating func contentChanged(_ ino: UInt64, size: UInt64, time: Timespec, monotonic: UInt64) {
+        guard nodes[ino] != nil else { return }
+        nodes[ino]!.size = size
+        nodes[ino]!.mtime = time
+        nodes[ino]!.ctime = time
+        nodes[ino]!.lastContentChange = monotonic
+        if nodes[ino]!.contentGeneration <= nodes[ino]!.pushedGeneration {
+            nodes[ino]!.contentGeneration = nodes[ino]!.pushedGeneration + 1
+            nodes[ino]!.change = nextChange()
+        }
+        dirtyRows.insert(ino)
+    }
+
+    /// Mark the content as changing (an open for writing): persisted before
+    /// the open is acknowledged, so a crash never leaves modified content
+    /// that the index believes clean.
+    public mutating func beginContentChange(_ ino: UInt64) {
+        guard nodes[ino] != nil else { return }
+        nodes[ino]!.contentGeneration += 1
+        nodes[ino]!.change = nextChange()
+        dirtyRows.insert(ino)
+    }
+
+    /// Runtime-only bookkeeping (lookup and open counts): not persisted.
+    public mutating func updateRuntime(_ ino: UInt64, _ body: (inout LocalNode) -> Void) {
+        guard nodes[ino] != nil else { return }
+        body(&nodes[ino]!)
+    }
+
+    /// Link `ino` as `name` in `parent`, replacing whatever was there (the
+    /// caller has dealt with the replaced node via `unlinkEntry` first).
+    public mutating func linkEntry(_ parent: UInt64, _ name: String, _ ino: UInt64, local: Bool = true) {
+        let cookie = nextCookie
+        nextCookie += 1
+        children[parent, default: [:]][name] = DirEntry(ino: ino, cookie: cookie)
+        if nodes[ino]?.kind == .directory {
+            let subdirectories = subdirectoryCount(ino)
+            nodes[ino]?.nlink = 2 + subdirectories
+            nodes[parent]?.nlink += 1
+            directoryParent[ino] = parent
+            dirtyRows.insert(parent)
+        } else {
+            nodes[ino]?.nlink += 1
+        }
+        nodes[ino]?.unlinked = false
+        dirtyRows.insert(ino)
+        log.append(.entry(parent: parent, name: name, child: ino))
+        if local { markEntryPending(parent, name) }
+    }
+
+    /// Remove the entry `name` from `parent`; returns the node it named.
+    @discardableResult
+    public mutating func unlinkEntry(_ parent: UInt64, _ name: String, local: Bool = true) -> UInt64? {
+        guard let entry = children[parent]?.removeValue(forKey: name) else { return nil }
+        let ino = entry.ino
+        if let kind = nodes[ino]?.kind {
+            if kind == .directory {
+                nodes[parent]?.nlink -= 1
+                dirtyRows.insert(parent)
+                nodes[ino]!.nlink = 0
+                directoryParent[ino] = nil
+            } else if nodes[ino]!.nlink > 0 {
+                nodes[ino]!.nlink -= 1
+            }
+            if nodes[ino]!.nlink == 0 {
+                nodes[ino]!.unlinked = true
+                // A removed node is pushed as a deletion.
+                if local { nodes[ino]!.change = nextChange() }
+            }
+            dirtyRows.insert(ino)
+        }
+        log.append(.removeEntry(parent: parent, name: name))
+        if local { markEntryPending(parent, name) }
+        return ino
+    }
+
+    func subdirectoryCount(_ dir: UInt64) -> UInt32 {
+        UInt32(children[dir]?.values.reduce(0) { $0 + (nodes[$1.ino]?.kind == .directory ? 1 : 0) } ?? 0)
+    }
+
+    mutating func markEntryPending(_ parent: UInt64, _ name: String) {
+        let key = EntryKey(parent: parent, name: name)
+        let change = nextChange()
+        pendingEntries[key] = change
+        log.append(.pendingEntry(parent: parent, name: name, change: change))
+    }
+
+    /// The entry was pushed as of `change`; forget it unless it changed again since.
+    public mutating func entryPushed(_ key: EntryKey, change: UInt64) {
+        if let current = pendingEntries[key], current <= change {
+            pendingEntries[key] = nil
+            log.append(.clearPendingEntry(parent: key.parent, name: key.name))
+        }
+    }
+
+    /// Drop a node that has no entries, no opens, no kernel references and
+    /// nothing left to push. Returns true if it was dropped (its cache file
+    /// can go).
+    @discardableResult
+    public mutating func dropIfUnreferenced(_ ino: UInt64) -> Bool {
+        guard let node = nodes[ino], node.unlinked, node.lookups == 0, node.openCount == 0,
+              !node.hasUnpushedMetadata, ino != Self.rootIno else { return false }
+        nodes[ino] = nil
+        children[ino] = nil
+        directoryParent[ino] = nil
+        if inoByID[node.id] == ino { inoByID[node.id] = nil }
+        dirtyRows.remove(ino)
+        log.append(.removeNode(ino))
+        return true
+    }
+
+    public mutating func setAppliedSeq(_ seq: UInt64) {
+        appliedSeq = seq
+        log.append(.meta(key: "applied_seq", value: String(seq)))
+    }
+
+    public mutating func setMeta(_ key: String, _ value: String) {
+        log.append(.meta(key: key, value: value))
+    }
+
+    /// Move dirty node rows into the write log (called under the lock, so the
+    /// log keeps the order in which the namespace changed).
+    mutating func takeLog() -> [IndexOp] {
+        for ino in dirtyRows {
+            if let node = nodes[ino] { log.append(.node(node)) }
+        }
+        dirtyRows.removeAll(keepingCapacity: true)
+        let out = log
+        log.removeAll(keepingCapacity: true)
+        return out
+    }
+
+    // MARK: Queries for the sync engine and status
+
+    /// Nodes with something to push.
+    public func unpushedNodes() -> [LocalNode] {
+        nodes.values.filter { $0.hasUnpushedMetadata || $0.hasUnpushedContent }
+    }
+
+    public var hasPendingWork: Bool {
+        !pendingEntries.isEmpty || nodes.values.contains { $0.hasUnpushedMetadata || $0.hasUnpushedContent }
+    }
+
+    /// Items and bytes still waiting to be pushed.
+    public func pendingSummary() -> (items: Int, bytes: UInt64) {
+        var items = 0
+        var bytes: UInt64 = 0
+        for node in nodes.values where node.hasUnpushedMetadata || node.hasUnpushedContent {
+            items += 1
+            if node.hasUnpushedContent { bytes += node.size }
+        }
+        let nodeIDs = Set(nodes.values.lazy.filter { $0.hasUnpushedMetadata }.map(\.ino))
+        items += pendingEntries.keys.filter { key in
+            guard let child = children[key.parent]?[key.name]?.ino else { return true }
+            return !nodeIDs.contains(child)
+        }.count
+        return (items, bytes)
+    }
+
+    /// Walk up from `ino` to the root, for logs and status (first entry naming each node).
+    public func path(of ino: UInt64) -> String? {
+        if ino == Self.rootIno { return "/" }
+        // Linear scan: only used for messages, never on a hot path.
+        for (parent, entries) in children {
+            for (name, entry) in entries where entry.ino == ino {
+                guard let up = path(of: parent) else { return nil }
+                return up == "/" ? "/" + name : up + "/" + name
+            }
+        }
+        return nil
+    }
+}
+
+/// One write to the index, in namespace order.
+enum IndexOp: Sendable {
+    case node(LocalNode)
+    case removeNode(UInt64)
+    case entry(parent: UInt64, name: String, child: UInt64)
+    case removeEntry(parent: UInt64, name: String)
+    case pendingEntry(parent: UInt64, name: String, change: UInt64)
+    case clearPendingEntry(parent: UInt64, name: String)
+    case meta(key: String, value: String)
+}

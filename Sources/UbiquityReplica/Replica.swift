@@ -1,0 +1,153 @@
+import Foundation
+import Synchronization
+import UbiquityStore
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// This device's replica of one container: the index, the in-memory
+/// namespace, and the content cache.
+///
+/// Layout under `$XDG_DATA_HOME/ubiquityfs/replicas/STORE-ID/CONTAINER/`:
+/// `index.sqlite` (+ WAL), `cache/XX/INO` (content by inode number),
+/// `staging/` (immutable snapshots being uploaded), `daemon.log`, `lock`.
+///
+/// Lock order (outermost first): `Replica.writer` → `Replica.namespace`.
+/// `namespace` is held only for in-memory work — never across I/O, a store
+/// call or a FUSE reply. `writer` serializes index transactions; it may take
+/// `namespace` briefly to collect the log.
+public final class Replica: Sendable {
+    public let directory: URL
+    public let cacheDirectory: URL
+    public let stagingDirectory: URL
+    let index: Index
+    let namespace: Mutex<Namespace>
+    let writer = Mutex<Int>(0)
+    let lockFD: Int32
+
+    /// Open (creating if needed) the replica in `directory` and take its
+    /// lock: a second daemon on the same replica is refused with `EBUSY`.
+    public init(directory: URL, rootOwner: (uid: UInt32, gid: UInt32)) throws {
+        self.directory = directory
+        cacheDirectory = directory.appendingPathComponent("cache")
+        stagingDirectory = directory.appendingPathComponent("staging")
+        let fm = FileManager.default
+        do {
+            try fm.createDirectory(at: directory, withIntermediateDirectories: true)
+        } catch {
+            throw UbiquityError(EACCES, "cannot create replica \(directory.path): \(error.localizedDescription)")
+        }
+        let lockPath = directory.appendingPathComponent("lock").path
+        let lockFD = try syscallRetrying("open \(lockPath)") { open(lockPath, O_RDWR | O_CREAT | O_CLOEXEC, 0o600) }
+        self.lockFD = lockFD
+        if flock(lockFD, LOCK_EX | LOCK_NB) != 0 {
+            var buffer = [UInt8](repeating: 0, count: 32)
+            let n = pread(lockFD, &buffer, 31, 0)
+            let holder = n > 0 ? String(decoding: buffer[0..<n], as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines) : "?"
+            close(lockFD)
+            throw UbiquityError(EBUSY, "replica \(directory.path) is in use by another ubiquityfs daemon (pid \(holder))")
+        }
+        let pid = "\(getpid())\n"
+        ftruncate(lockFD, 0)
+        _ = pid.withCString { pwrite(lockFD, $0, strlen($0), 0) }
+
+        for i in 0..<256 {
+            try? fm.createDirectory(at: cacheDirectory.appendingPathComponent(String(format: "%02x", i)),
+                                    withIntermediateDirectories: true)
+        }
+        try? fm.removeItem(at: stagingDirectory)
+        try? fm.createDirectory(at: stagingDirectory, withIntermediateDirectories: true)
+
+        do {
+            index = try Index(path: directory.appendingPathComponent("index.sqlite").path)
+            var ns = try index.load()
+            Self.recover(&ns, cacheDirectory: cacheDirectory, rootOwner: rootOwner)
+            namespace = Mutex(ns)
+        } catch {
+            close(lockFD)
+            throw error
+        }
+        try persist()
+    }
+
+    deinit {
+        close(lockFD)
+    }
+
+    /// Bring a freshly loaded namespace to a consistent state after a crash.
+    static func recover(_ ns: inout Namespace, cacheDirectory: URL, rootOwner: (uid: UInt32, gid: UInt32)) {
+        if ns.nodes[Namespace.rootIno] == nil {
+            var root = LocalNode(ino: Namespace.rootIno, id: .root, kind: .directory, mode: 0o755,
+                                 uid: rootOwner.uid, gid: rootOwner.gid, time: .now())
+            root.nlink = 2
+            ns.nodes[Namespace.rootIno] = root
+            ns.inoByID[.root] = Namespace.rootIno
+            ns.children[Namespace.rootIno] = ns.children[Namespace.rootIno] ?? [:]
+            ns.dirtyRows.insert(Namespace.rootIno)
+        }
+        for (ino, node) in ns.nodes {
+            // Content written after the last index commit is in the cache file: trust its size.
+            if node.kind == .file, node.hasContent, node.hasUnpushedContent {
+                var st = stat()
+                if stat(cachePath(cacheDirectory, ino), &st) == 0, UInt64(st.st_size) != node.size {
+                    ns.nodes[ino]!.size = UInt64(st.st_size)
+                    ns.dirtyRows.insert(ino)
+                }
+            }
+            // Nothing references an unlinked node after a restart.
+            if ns.nodes[ino]!.unlinked || (ns.nodes[ino]!.nlink == 0 && ino != Namespace.rootIno) {
+                ns.nodes[ino]!.unlinked = true
+                if ns.dropIfUnreferenced(ino) { unlink(cachePath(cacheDirectory, ino)) }
+            }
+        }
+    }
+
+    // MARK: Access
+
+    /// Run `body` on the namespace under the replica's lock. Keep it short:
+    /// no I/O, no store calls, no FUSE replies inside.
+    public func withNamespace<T: Sendable>(_ body: (inout Namespace) throws -> T) rethrows -> T {
+        try namespace.withLock { ns in try body(&ns) }
+    }
+
+    /// Write everything the namespace changed since the last call to the
+    /// index in one transaction (group commit: a caller whose changes were
+    /// written by a concurrent `persist` returns once that commit is done).
+    public func persist() throws {
+        try writer.withLock { _ in
+            let ops = namespace.withLock { ns in ns.takeLog() }
+            do {
+                try index.write(ops)
+            } catch {
+                throw UbiquityError(EIO, "replica index write failed: \(error)")
+            }
+        }
+    }
+
+    public func meta(_ key: String) -> String? { try? index.meta(key) }
+
+    // MARK: Content cache
+
+    static func cachePath(_ cacheDirectory: URL, _ ino: UInt64) -> String {
+        cacheDirectory.path + "/" + String(format: "%02x", Int(ino & 0xff)) + "/" + String(ino)
+    }
+
+    /// The cache file holding the content of `ino`.
+    public func cachePath(_ ino: UInt64) -> String { Self.cachePath(cacheDirectory, ino) }
+
+    /// A fresh path in the staging area.
+    public func stagingPath() -> URL { stagingDirectory.appendingPathComponent(UUID().uuidString) }
+
+    /// Bytes used by the content cache (st_blocks), for status and limits.
+    public func cacheUsage() -> UInt64 {
+        var total: UInt64 = 0
+        guard let walker = FileManager.default.enumerator(atPath: cacheDirectory.path) else { return 0 }
+        while let name = walker.nextObject() as? String {
+            var st = stat()
+            if stat(cacheDirectory.path + "/" + name, &st) == 0, (st.st_mode & S_IFMT) == S_IFREG {
+                total += UInt64(st.st_blocks) * 512
+            }
+        }
+        return total
+    }
+}

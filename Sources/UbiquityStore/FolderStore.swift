@@ -1,0 +1,236 @@
+import Foundation
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// A store kept in a local (or shared) folder — the embedded default.
+///
+/// Layout:
+/// ```
+/// STORE/ubiquityfs-store.json          marker: format and store ID
+/// STORE/containers/ID/container.json   container configuration
+/// STORE/containers/ID/journal/SEQ      one JSON change set per record (SEQ: 16 digits)
+/// STORE/blobs/AB/SHA256                immutable content, AB = first two hex digits
+/// STORE/tmp/                           staging for atomic publication
+/// ```
+/// Journal records are published by `link(2)` of a fully written temporary
+/// file, which fails with `EEXIST` if the sequence number is taken: readers
+/// never see a partial record and two devices never both win.
+public final class FolderStore: Store {
+    public static let markerName = "ubiquityfs-store.json"
+    static let formatVersion = 1
+
+    struct Marker: Codable {
+        var format: Int
+        var storeID: String
+    }
+
+    public let root: URL
+    public let storeID: String
+
+    /// Open the store at `root`.
+    ///
+    /// A missing folder is created only when `create` is set (the default
+    /// store). An existing empty folder becomes a new store only when
+    /// `initializeEmpty` is set — a replica that already knows this store
+    /// must see an empty folder as "unreachable", never as "everything was
+    /// deleted".
+    public init(root: URL, create: Bool, initializeEmpty: Bool) throws {
+        self.root = root.standardizedFileURL
+        let fm = FileManager.default
+        let markerURL = self.root.appendingPathComponent(Self.markerName)
+        var isDir: ObjCBool = false
+        if !fm.fileExists(atPath: self.root.path, isDirectory: &isDir) {
+            guard create else { throw UbiquityError(ENOENT, "store \(self.root.path) does not exist") }
+            do {
+                try fm.createDirectory(at: self.root, withIntermediateDirectories: true)
+            } catch {
+                throw UbiquityError(EACCES, "cannot create store \(self.root.path): \(error.localizedDescription)")
+            }
+        } else if !isDir.boolValue {
+            throw UbiquityError(ENOTDIR, "store \(self.root.path) is not a folder")
+        }
+        if let data = fm.contents(atPath: markerURL.path) {
+            guard let marker = try? JSONDecoder().decode(Marker.self, from: data), !marker.storeID.isEmpty else {
+                throw UbiquityError(EINVAL, "store marker \(markerURL.path) is damaged; refusing to use this folder as a store")
+            }
+            guard marker.format <= Self.formatVersion else {
+                throw UbiquityError(EPROTONOSUPPORT, "store \(self.root.path) has format \(marker.format); this ubiquityfs reads format \(Self.formatVersion) — upgrade it")
+            }
+            storeID = marker.storeID
+        } else {
+            guard access(self.root.path, R_OK) == 0 else {
+                throw UbiquityError(EACCES, "store \(self.root.path) is not readable")
+            }
+            let contents = (try? fm.contentsOfDirectory(atPath: self.root.path)) ?? []
+            guard contents.isEmpty else {
+                throw UbiquityError(EINVAL, "\(self.root.path) is not a ubiquityfs store (no \(Self.markerName)) and is not empty")
+            }
+            guard create || initializeEmpty else {
+                throw UbiquityError(ENOENT, "store \(self.root.path) is empty: it is not reachable (no \(Self.markerName))")
+            }
+            storeID = UUID().uuidString.lowercased()
+            try Self.ensureWritable(self.root)
+            let marker = try JSONEncoder().encode(Marker(format: Self.formatVersion, storeID: storeID))
+            try Self.publish(marker, at: markerURL, tmpDir: self.root, exclusive: true)
+        }
+        try Self.ensureWritable(self.root)
+        for dir in ["containers", "blobs", "tmp"] {
+            try? fm.createDirectory(at: self.root.appendingPathComponent(dir), withIntermediateDirectories: true)
+        }
+    }
+
+    static func ensureWritable(_ root: URL) throws {
+        guard access(root.path, W_OK | X_OK) == 0 else {
+            throw UbiquityError(EACCES, "store \(root.path) is not writable")
+        }
+    }
+
+    /// Whether `root` currently looks like this store (the marker decides).
+    public var isReachable: Bool {
+        guard let data = FileManager.default.contents(atPath: root.appendingPathComponent(Self.markerName).path),
+              let marker = try? JSONDecoder().decode(Marker.self, from: data) else { return false }
+        return marker.storeID == storeID
+    }
+
+    func containerDir(_ id: String) -> URL { root.appendingPathComponent("containers").appendingPathComponent(id) }
+    func journalURL(_ container: String, _ seq: UInt64) -> URL {
+        containerDir(container).appendingPathComponent("journal").appendingPathComponent(Self.seqName(seq))
+    }
+    static func seqName(_ seq: UInt64) -> String {
+        let digits = String(seq)
+        return String(repeating: "0", count: max(0, 16 - digits.count)) + digits
+    }
+    func blobURL(_ hash: String) -> URL {
+        root.appendingPathComponent("blobs").appendingPathComponent(String(hash.prefix(2))).appendingPathComponent(hash)
+    }
+
+    func checkReachable() throws {
+        guard isReachable else { throw UbiquityError(EHOSTDOWN, "store \(root.path) is not reachable") }
+    }
+
+    public func containerConfig(_ container: String) throws -> ContainerConfig? {
+        try checkReachable()
+        let url = containerDir(container).appendingPathComponent("container.json")
+        guard let data = FileManager.default.contents(atPath: url.path) else { return nil }
+        do {
+            return try JSONDecoder().decode(ContainerConfig.self, from: data)
+        } catch {
+            throw UbiquityError(EINVAL, "container configuration \(url.path) is damaged: \(error)")
+        }
+    }
+
+    public func createContainer(_ config: ContainerConfig) throws {
+        try ContainerConfig.validate(id: config.id)
+        try checkReachable()
+        let dir = containerDir(config.id)
+        try FileManager.default.createDirectory(at: dir.appendingPathComponent("journal"), withIntermediateDirectories: true)
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = [.prettyPrinted, .sortedKeys]
+        try Self.publish(try encoder.encode(config), at: dir.appendingPathComponent("container.json"),
+                         tmpDir: root.appendingPathComponent("tmp"), exclusive: false)
+    }
+
+    public func commit(container: String, seq: UInt64, changeSet: ChangeSet) throws -> Bool {
+        try checkReachable()
+        let data = try JSONEncoder().encode(changeSet)
+        do {
+            try Self.publish(data, at: journalURL(container, seq), tmpDir: root.appendingPathComponent("tmp"), exclusive: true)
+            return true
+        } catch let error as UbiquityError where error.errno == EEXIST {
+            return false
+        }
+    }
+
+    public func journal(container: String, after seq: UInt64, limit: Int) throws -> [(seq: UInt64, changeSet: ChangeSet)] {
+        try checkReachable()
+        var records: [(seq: UInt64, changeSet: ChangeSet)] = []
+        var next = seq + 1
+        let decoder = JSONDecoder()
+        while records.count < limit {
+            let url = journalURL(container, next)
+            guard let data = FileManager.default.contents(atPath: url.path) else { break }
+            do {
+                records.append((next, try decoder.decode(ChangeSet.self, from: data)))
+            } catch {
+                throw UbiquityError(EIO, "journal record \(url.path) is damaged: \(error)")
+            }
+            next += 1
+        }
+        return records
+    }
+
+    public func hasBlob(_ hash: String) throws -> Bool {
+        try checkReachable()
+        return access(blobURL(hash).path, F_OK) == 0
+    }
+
+    public func putBlob(_ hash: String, from source: URL) throws {
+        precondition(ContentCopy.isValidHash(hash))
+        try checkReachable()
+        let destination = blobURL(hash)
+        if access(destination.path, F_OK) == 0 { return }
+        try? FileManager.default.createDirectory(at: destination.deletingLastPathComponent(), withIntermediateDirectories: true)
+        // Same filesystem: a hard link publishes the immutable staging file at no cost.
+        if link(source.path, destination.path) == 0 || errno == EEXIST { return }
+        let tmp = root.appendingPathComponent("tmp").appendingPathComponent(UUID().uuidString)
+        let input = try syscallRetrying("open \(source.path)") { open(source.path, O_RDONLY | O_CLOEXEC) }
+        defer { close(input) }
+        let output = try syscallRetrying("create \(tmp.path)") { open(tmp.path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o444) }
+        do {
+            let (copied, _) = try ContentCopy.copy(from: input, to: output)
+            guard copied == hash else { throw UbiquityError(EIO, "content of \(source.path) changed while uploading") }
+            try syscallRetrying("fsync blob") { fsync(output) }
+            close(output)
+            if rename(tmp.path, destination.path) != 0 { throw UbiquityError.posix("publish blob \(hash)") }
+        } catch {
+            close(output)
+            unlink(tmp.path)
+            throw error
+        }
+    }
+
+    public func fetchBlob(_ hash: String, to destination: URL, progress: (UInt64) -> Void) throws {
+        try checkReachable()
+        let source = blobURL(hash)
+        let input = open(source.path, O_RDONLY | O_CLOEXEC)
+        guard input >= 0 else {
+            throw UbiquityError(errno == ENOENT ? EIO : errno, "blob \(hash) missing from store: \(String(cString: strerror(errno)))")
+        }
+        defer { close(input) }
+        let output = try syscallRetrying("open \(destination.path)") { open(destination.path, O_WRONLY | O_CREAT | O_CLOEXEC, 0o600) }
+        defer { close(output) }
+        let (copied, _) = try ContentCopy.copy(from: input, to: output, progress: progress)
+        guard copied == hash else { throw UbiquityError(EIO, "blob \(hash) in the store is damaged (content hashes to \(copied))") }
+    }
+
+    /// Write `data` to a temporary file, fsync it, then publish it at `url`:
+    /// with `link(2)` when `exclusive` (fails with EEXIST), else `rename(2)`.
+    static func publish(_ data: Data, at url: URL, tmpDir: URL, exclusive: Bool) throws {
+        let tmp = tmpDir.appendingPathComponent(".tmp-\(UUID().uuidString)")
+        let fd = try syscallRetrying("create \(tmp.path)") { open(tmp.path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o644) }
+        defer { unlink(tmp.path) }
+        do {
+            try data.withUnsafeBytes { raw in
+                var written = 0
+                while written < raw.count {
+                    written += try syscallRetrying("write \(tmp.path)") { write(fd, raw.baseAddress! + written, raw.count - written) }
+                }
+            }
+            try syscallRetrying("fsync \(tmp.path)") { fsync(fd) }
+        } catch {
+            close(fd)
+            throw error
+        }
+        close(fd)
+        if exclusive {
+            guard link(tmp.path, url.path) == 0 else {
+                let code = errno
+                if code == ENOENT { throw UbiquityError(EHOSTDOWN, "store folder \(url.deletingLastPathComponent().path) vanished") }
+                throw UbiquityError(code, "publish \(url.path): \(String(cString: strerror(code)))")
+            }
+        } else {
+            guard rename(tmp.path, url.path) == 0 else { throw UbiquityError.posix("publish \(url.path)") }
+        }
+    }
+}

@@ -1,0 +1,146 @@
+import Foundation
+
+/// The data model shared by the store, the replica and the sync engine.
+///
+/// A container is a tree of *nodes* (inode-like: stable ID, kind, mode,
+/// owner, times, content hash, xattrs) joined by *entries*
+/// (`parent node ID, name → node ID`). Hard links are extra entries, a
+/// rename moves an entry, an edit changes a node. IDs are stable strings
+/// (UUIDs; the container root is `NodeID.root`); paths never appear in the
+/// store.
+
+public typealias NodeID = String
+
+extension NodeID {
+    /// The well-known ID of every container's root directory.
+    public static let root: NodeID = "root"
+}
+
+public enum NodeKind: String, Codable, Sendable {
+    case file, directory, symlink, fifo, socket, charDevice, blockDevice
+}
+
+/// A point in time with nanoseconds, as `struct timespec` has it.
+public struct Timespec: Codable, Hashable, Sendable, Comparable {
+    public var sec: Int64
+    public var nsec: Int64
+
+    public init(sec: Int64, nsec: Int64) {
+        self.sec = sec
+        self.nsec = nsec
+    }
+
+    public static func now() -> Timespec {
+        var ts = timespec()
+        clock_gettime(CLOCK_REALTIME, &ts)
+        return Timespec(sec: Int64(ts.tv_sec), nsec: Int64(ts.tv_nsec))
+    }
+
+    /// Nanoseconds since the epoch (fits in Int64 until 2262).
+    public var nanoseconds: Int64 { sec &* 1_000_000_000 &+ nsec }
+
+    public init(nanoseconds: Int64) {
+        var s = nanoseconds / 1_000_000_000
+        var n = nanoseconds % 1_000_000_000
+        if n < 0 { n += 1_000_000_000; s -= 1 }
+        self.init(sec: s, nsec: n)
+    }
+
+    public static func < (a: Timespec, b: Timespec) -> Bool { a.nanoseconds < b.nanoseconds }
+
+    // Encoded as one integer of nanoseconds: compact in the journal.
+    public init(from decoder: any Decoder) throws {
+        self.init(nanoseconds: try decoder.singleValueContainer().decode(Int64.self))
+    }
+
+    public func encode(to encoder: any Encoder) throws {
+        var c = encoder.singleValueContainer()
+        try c.encode(nanoseconds)
+    }
+}
+
+/// The full shared state of one node, as committed to the journal.
+///
+/// `base` is the journal sequence number of the version this change was
+/// made from (0 for a new node): a receiver that holds a newer version
+/// than `base` has a conflict to resolve.
+public struct NodeState: Codable, Hashable, Sendable {
+    public var id: NodeID
+    public var kind: NodeKind
+    /// Permission bits including set-uid, set-gid and sticky (no file type bits).
+    public var mode: UInt32
+    public var uid: UInt32
+    public var gid: UInt32
+    /// Size of the content named by `hash` (files), or of the symlink target.
+    public var size: UInt64
+    /// SHA-256 of the content (lower-case hex), `nil` for empty or non-file nodes.
+    public var hash: String?
+    public var target: String?
+    public var rdev: UInt64
+    public var mtime: Timespec
+    public var ctime: Timespec
+    public var btime: Timespec
+    public var xattrs: [String: Data]
+    public var base: UInt64
+
+    public init(id: NodeID, kind: NodeKind, mode: UInt32, uid: UInt32, gid: UInt32, size: UInt64,
+                hash: String?, target: String?, rdev: UInt64, mtime: Timespec, ctime: Timespec,
+                btime: Timespec, xattrs: [String: Data], base: UInt64) {
+        self.id = id; self.kind = kind; self.mode = mode; self.uid = uid; self.gid = gid
+        self.size = size; self.hash = hash; self.target = target; self.rdev = rdev
+        self.mtime = mtime; self.ctime = ctime; self.btime = btime; self.xattrs = xattrs; self.base = base
+    }
+}
+
+/// One change inside a change set. Receivers apply all `node` changes
+/// first, then `entry` changes, then `deleteNode` changes, so a change set
+/// never references a node it has not described.
+public enum Change: Codable, Hashable, Sendable {
+    /// Create or update a node to exactly this state.
+    case node(NodeState)
+    /// Set (`child != nil`) or remove (`child == nil`) the entry `name` in `parent`.
+    case entry(parent: NodeID, name: String, child: NodeID?)
+    /// The node has no entries left anywhere: forget it.
+    case deleteNode(id: NodeID, base: UInt64)
+}
+
+/// One committed journal record: everything one device pushed at once.
+public struct ChangeSet: Codable, Sendable {
+    public var device: String
+    public var deviceName: String
+    public var date: Timespec
+    public var changes: [Change]
+
+    public init(device: String, deviceName: String, date: Timespec = .now(), changes: [Change]) {
+        self.device = device
+        self.deviceName = deviceName
+        self.date = date
+        self.changes = changes
+    }
+}
+
+/// The configuration of a container, kept in the store so every device agrees.
+public struct ContainerConfig: Codable, Hashable, Sendable {
+    public enum FolderLevels: String, Codable, Sendable { case none, one, any }
+    public var id: String
+    public var displayName: String
+    public var documentScopePublic: Bool
+    public var supportedFolderLevels: FolderLevels
+
+    public init(id: String, displayName: String, documentScopePublic: Bool = false,
+                supportedFolderLevels: FolderLevels = .any) {
+        self.id = id
+        self.displayName = displayName
+        self.documentScopePublic = documentScopePublic
+        self.supportedFolderLevels = supportedFolderLevels
+    }
+
+    /// Container IDs are reverse-DNS style: letters, digits, `-`, `_`, separated by dots.
+    public static func validate(id: String) throws {
+        let allowed = CharacterSet(charactersIn: "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.")
+        guard !id.isEmpty, id.count <= 200, id.unicodeScalars.allSatisfy({ allowed.contains($0) }),
+              !id.hasPrefix("."), !id.hasSuffix("."), !id.contains("..") else {
+            throw UbiquityError(EINVAL, "invalid container ID '\(id)': use letters, digits, '-', '_' and dots, like com.example.notes")
+        }
+    }
+}

@@ -1,0 +1,34 @@
+import Foundation
+
+/// What the sync engine needs from "the cloud": an append-only journal per
+/// container and content-addressed blobs.
+///
+/// The store is the only arbiter between devices: a device commits a change
+/// set by creating `journal/<head+1>` *exclusively*; the loser of a race
+/// catches up and retries. Blobs are immutable and named by their SHA-256,
+/// so uploading the same content twice is harmless.
+///
+/// Calls block the calling thread (the sync engine runs them on its own
+/// threads, never on a FUSE worker that answers a request).
+public protocol Store: Sendable {
+    /// A stable identifier of this store (from its marker), used to key replicas.
+    var storeID: String { get }
+
+    func containerConfig(_ container: String) throws -> ContainerConfig?
+    func createContainer(_ config: ContainerConfig) throws
+
+    /// Append `changeSet` as journal record `seq`. Returns `false` (and
+    /// writes nothing) when `seq` already exists: another device won.
+    func commit(container: String, seq: UInt64, changeSet: ChangeSet) throws -> Bool
+    /// Journal records after `seq`, in order, at most `limit`.
+    func journal(container: String, after seq: UInt64, limit: Int) throws -> [(seq: UInt64, changeSet: ChangeSet)]
+
+    func hasBlob(_ hash: String) throws -> Bool
+    /// Store the content of the local file `source` as blob `hash`. The caller
+    /// computed `hash` from exactly these bytes and never changes the file again.
+    func putBlob(_ hash: String, from source: URL) throws
+    /// Copy blob `hash` into the local file `destination` (created or
+    /// truncated), verifying its SHA-256. `progress` is called with the bytes
+    /// copied so far.
+    func fetchBlob(_ hash: String, to destination: URL, progress: (UInt64) -> Void) throws
+}

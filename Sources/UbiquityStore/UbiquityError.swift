@@ -1,0 +1,47 @@
+#if canImport(Glibc)
+import Glibc
+#endif
+import Foundation
+
+/// The one error type of UbiquityFS.
+///
+/// Every failure carries the errno the filesystem would answer with and a
+/// message for people (logs, CLI). Foreign errors are wrapped with `EIO`
+/// by `UbiquityError.wrap(_:)`, so nothing else escapes the core.
+public struct UbiquityError: Error, CustomStringConvertible, Sendable {
+    public var errno: Int32
+    public var message: String
+
+    public init(_ errno: Int32, _ message: String = "") {
+        self.errno = errno
+        self.message = message
+    }
+
+    public var description: String {
+        message.isEmpty ? String(cString: strerror(errno)) : message
+    }
+
+    /// Wrap any error: a `UbiquityError` passes through, anything else is `EIO`.
+    public static func wrap(_ error: any Error, _ context: String = "") -> UbiquityError {
+        if let e = error as? UbiquityError { return e }
+        let text = context.isEmpty ? "\(error)" : "\(context): \(error)"
+        return UbiquityError(EIO, text)
+    }
+
+    /// The error of the last failed system call, with what was being done.
+    public static func posix(_ context: String, errno code: Int32 = Glibc.errno) -> UbiquityError {
+        UbiquityError(code, "\(context): \(String(cString: strerror(code)))")
+    }
+}
+
+/// Run a system call, retrying on `EINTR`, and throw `UbiquityError` on failure.
+@discardableResult
+public func syscallRetrying<T: BinaryInteger>(_ context: @autoclosure () -> String, _ body: () -> T) throws -> T {
+    while true {
+        let result = body()
+        if result >= 0 { return result }
+        let code = Glibc.errno
+        if code == EINTR { continue }
+        throw UbiquityError.posix(context(), errno: code)
+    }
+}

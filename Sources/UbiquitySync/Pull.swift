@@ -1,0 +1,127 @@
+import Foundation
+import UbiquityReplica
+import UbiquityStore
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Applying the store's journal to the replica, and fetching content.
+extension SyncEngine {
+    /// Apply every journal record after the replica's `appliedSeq`.
+    /// Returns the inode numbers whose entries or attributes changed.
+    @discardableResult
+    public func pull() throws -> Set<UInt64> {
+        var touched = Set<UInt64>()
+        while true {
+            let after = replica.withNamespace { ns in ns.appliedSeq }
+            let records = try store.journal(container: container, after: after, limit: 256)
+            if records.isEmpty { break }
+            for record in records {
+                let changed = replica.withNamespace { ns -> Set<UInt64> in
+                    guard record.seq == ns.appliedSeq + 1 else { return [] }
+                    var changed = Set<UInt64>()
+                    if record.changeSet.device != device.id {
+                        changed = Self.apply(record.changeSet, seq: record.seq, to: &ns)
+                    }
+                    ns.setAppliedSeq(record.seq)
+                    return changed
+                }
+                touched.formUnion(changed)
+            }
+            try replica.persist()
+            status.withLock { s in s.lastSync = Date(); s.storeReachable = true }
+        }
+        return touched
+    }
+
+    /// Apply one foreign change set: nodes, then entries, then deletions.
+    static func apply(_ changeSet: ChangeSet, seq: UInt64, to ns: inout Namespace) -> Set<UInt64> {
+        var touched = Set<UInt64>()
+        for change in changeSet.changes {
+            guard case .node(let state) = change else { continue }
+            if let ino = ns.inoByID[state.id] {
+                ns.update(ino, local: false) { n in
+                    let contentChanged = n.kind == .file && (state.hash != n.hash || state.size != n.hashSize)
+                    n.mode = state.mode; n.uid = state.uid; n.gid = state.gid
+                    n.mtime = state.mtime; n.ctime = state.ctime; n.btime = state.btime
+                    n.target = state.target; n.rdev = state.rdev; n.xattrs = state.xattrs
+                    n.version = seq
+                    if contentChanged {
+                        n.hash = state.hash
+                        n.hashSize = state.size
+                        n.size = state.size
+                        n.hasContent = state.hash == nil && state.size == 0
+                        n.pushedGeneration = n.contentGeneration
+                    }
+                }
+                touched.insert(ino)
+            } else {
+                let ino = ns.createNode(id: state.id, kind: state.kind, mode: state.mode, uid: state.uid, gid: state.gid,
+                                        rdev: state.rdev, target: state.target, time: state.mtime, local: false)
+                ns.update(ino, local: false) { n in
+                    n.ctime = state.ctime; n.btime = state.btime; n.atime = state.mtime
+                    n.xattrs = state.xattrs
+                    n.hash = state.hash
+                    n.hashSize = state.size
+                    n.size = state.kind == .symlink ? UInt64(state.target?.utf8.count ?? 0) : state.size
+                    n.hasContent = state.kind != .file || (state.hash == nil && state.size == 0)
+                    n.version = seq
+                    n.unlinked = true   // until an entry names it
+                }
+                touched.insert(ino)
+            }
+        }
+        for change in changeSet.changes {
+            guard case .entry(let parentID, let name, let childID) = change,
+                  let parent = ns.inoByID[parentID], ns.node(parent)?.kind == .directory else { continue }
+            let existing = ns.lookup(parent, name)
+            let child = childID.flatMap { ns.inoByID[$0] }
+            if existing == child { continue }
+            if existing != nil { ns.unlinkEntry(parent, name, local: false) }
+            if let child, let node = ns.node(child) {
+                // A directory has one entry: a move elsewhere removes the old one.
+                if node.kind == .directory, let oldParent = ns.directoryParent[child],
+                   let oldName = ns.entries(of: oldParent).first(where: { $0.value.ino == child })?.key {
+                    ns.unlinkEntry(oldParent, oldName, local: false)
+                }
+                ns.linkEntry(parent, name, child, local: false)
+                touched.insert(child)
+            }
+            touched.insert(parent)
+        }
+        for change in changeSet.changes {
+            guard case .deleteNode(let id, _) = change, let ino = ns.inoByID[id] else { continue }
+            ns.update(ino, local: false) { $0.unlinked = true }
+            ns.dropIfUnreferenced(ino)
+            touched.insert(ino)
+        }
+        return touched
+    }
+
+    /// Make the content of `ino` local: fetch its blob (verified) into the cache.
+    public func fetchContent(ino: UInt64) throws {
+        try fetchLock.withLock { _ in
+            guard let node = replica.withNamespace({ ns in ns.node(ino) }) else { throw UbiquityError(ENOENT) }
+            guard node.isPlaceholder else { return }
+            let staged = replica.stagingPath()
+            defer { try? FileManager.default.removeItem(at: staged) }
+            if let hash = node.hash {
+                do {
+                    try store.fetchBlob(hash, to: staged, progress: { _ in })
+                } catch {
+                    record(error: error)
+                    throw UbiquityError(EIO, "cannot download \(node.id): \(error)")
+                }
+            } else {
+                FileManager.default.createFile(atPath: staged.path, contents: nil)
+            }
+            guard rename(staged.path, replica.cachePath(ino)) == 0 else { throw UbiquityError.posix("install downloaded content") }
+            replica.withNamespace { ns in
+                ns.update(ino, local: false) { n in
+                    if n.hash == node.hash { n.hasContent = true; n.size = n.hashSize }
+                }
+            }
+            try replica.persist()
+        }
+    }
+}

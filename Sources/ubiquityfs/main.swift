@@ -1,0 +1,2 @@
+import UbiquityCLI
+UbiquityCommand.main()

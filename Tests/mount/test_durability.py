@@ -1,0 +1,405 @@
+"""Durability, remounts, second devices, refusals and external unmounts.
+
+All of these need the real daemon (skipped with UBQ_TEST_PLAIN=1).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import random
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import (
+    EXIT_TIMEOUT,
+    current_umask,
+    digest_diff,
+    hardlink_groups,
+    make_tree,
+    mounts_under,
+    mtimes,
+    processes_with_data_home,
+    run,
+    tree_digest,
+    wait_until,
+    xattrs,
+)
+
+pytestmark = pytest.mark.daemon
+
+MiB = 1 << 20
+
+
+# --------------------------------------------------------------------------
+# Writing a known workload and remembering exactly what was acknowledged
+# --------------------------------------------------------------------------
+
+
+class Workload:
+    """Applies operations to a mounted tree and keeps the expected result.
+
+    `expected` is in tree_digest() form, `expected_xattrs` in xattrs() form.
+    Every operation has returned (files are closed, some also fsynced)
+    before it is recorded, so everything recorded is acknowledged.
+    """
+
+    def __init__(self, root: Path, seed: int):
+        self.root = root
+        self.rng = random.Random(seed)
+        umask = current_umask()
+        self.fmode = 0o666 & ~umask
+        self.dmode = 0o777 & ~umask
+        self.expected: dict[str, tuple] = {}
+        self.expected_xattrs: dict[str, dict[str, bytes]] = {}
+        self.fsynced: set[str] = set()
+
+    def note(self, rel: str) -> str:
+        return "(fsynced)" if rel in self.fsynced else "(closed, not fsynced)"
+
+    def mkdir(self, rel: str) -> None:
+        os.mkdir(self.root / rel)
+        self.expected[rel] = ("dir", self.dmode, None, None)
+
+    def write(self, rel: str, data: bytes, *, fsync: bool = False) -> None:
+        fd = os.open(self.root / rel, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        try:
+            view, chunk = memoryview(data), self.rng.choice([4096, 65536, 1 << 20, 3 * MiB])
+            while view:
+                n = os.write(fd, view[:chunk])
+                view = view[n:]
+            if fsync:
+                os.fsync(fd)
+                self.fsynced.add(rel)
+        finally:
+            os.close(fd)
+        self._file(rel, data)
+
+    def _file(self, rel: str, data: bytes, mode: int | None = None) -> None:
+        old = self.expected.get(rel)
+        mode = mode if mode is not None else (old[1] if old else self.fmode)
+        self.expected[rel] = ("file", mode, len(data), hashlib.sha256(data).hexdigest())
+
+    def content(self, rel: str) -> bytes:
+        return (self.root / rel).read_bytes()
+
+    def rename(self, old: str, new: str) -> None:
+        os.rename(self.root / old, self.root / new)
+        for key in sorted(self.expected):
+            if key == old or key.startswith(old + "/"):
+                moved = new + key[len(old):]
+                self.expected[moved] = self.expected.pop(key)
+                if key in self.expected_xattrs:
+                    self.expected_xattrs[moved] = self.expected_xattrs.pop(key)
+                if key in self.fsynced:
+                    self.fsynced.add(moved)
+
+    def unlink(self, rel: str) -> None:
+        os.unlink(self.root / rel)
+        del self.expected[rel]
+        self.expected_xattrs.pop(rel, None)
+
+    def chmod(self, rel: str, mode: int) -> None:
+        os.chmod(self.root / rel, mode)
+        t, _, size, digest = self.expected[rel]
+        self.expected[rel] = (t, mode, size, digest)
+
+    def setxattr(self, rel: str, name: str, value: bytes) -> None:
+        os.setxattr(self.root / rel, name, value)
+        self.expected_xattrs.setdefault(rel, {})[name] = value
+
+    def removexattr(self, rel: str, name: str) -> None:
+        os.removexattr(self.root / rel, name)
+        del self.expected_xattrs[rel][name]
+        if not self.expected_xattrs[rel]:
+            del self.expected_xattrs[rel]
+
+    def symlink(self, target: str, rel: str) -> None:
+        os.symlink(target, self.root / rel)
+        self.expected[rel] = ("symlink", 0o777, len(target.encode()), target)
+
+    def link(self, existing: str, rel: str) -> None:
+        os.link(self.root / existing, self.root / rel)
+        self.expected[rel] = self.expected[existing]
+
+    # -- the standard mix ---------------------------------------------------
+
+    def populate(self, n_files: int = 200) -> None:
+        rng = self.rng
+        dirs = ["", "d0", "d1", "d1/n1", "d1/n1/n2", "d2", "d3", "d4", "d5", "d6", "d7", "d7/sub"]
+        for d in dirs[1:]:
+            self.mkdir(d)
+        boundary = [0, 1, 4095, 4096, 4097, 65535, 65536, 131073, MiB, MiB + 1, 2 * MiB - 1, 2 * MiB]
+        files = []
+        for i in range(n_files):
+            if i < len(boundary):
+                size = boundary[i]
+            else:
+                r = rng.random()
+                size = (
+                    rng.randrange(0, 65536) if r < 0.7
+                    else rng.randrange(65536, 512 * 1024) if r < 0.95
+                    else rng.randrange(512 * 1024, 2 * MiB + 1)
+                )
+            rel = f"{dirs[i % len(dirs)]}/f{i:03d}.bin".lstrip("/")
+            self.write(rel, rng.randbytes(size), fsync=(i % 4 == 0))
+            files.append(rel)
+
+        # Sparse file: a hole, then data near the end.
+        rel = "d2/sparse.bin"
+        with open(self.root / rel, "wb") as f:
+            f.truncate(2 * MiB)
+            f.seek(MiB + MiB // 2)
+            f.write(b"after the hole")
+        data = bytearray(2 * MiB)
+        data[MiB + MiB // 2 : MiB + MiB // 2 + 14] = b"after the hole"
+        self._file(rel, bytes(data))
+
+        # Patch in the middle of an existing file.
+        rel = "d3/patched.bin"
+        self.write(rel, rng.randbytes(300_000))
+        with open(self.root / rel, "r+b") as f:
+            os.pwrite(f.fileno(), b"P" * 1000, 100_000)
+        self._file(rel, self.content(rel))
+
+        # Shrink with truncate(2).
+        rel = "d4/shrunk.bin"
+        self.write(rel, rng.randbytes(500_000))
+        os.truncate(self.root / rel, 1234)
+        self._file(rel, self.content(rel)[:1234])
+
+        # Append in several opens.
+        rel = "d5/log.txt"
+        for i in range(20):
+            fd = os.open(self.root / rel, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o666)
+            os.write(fd, b"log line %d\n" % i)
+            os.close(fd)
+        self._file(rel, b"".join(b"log line %d\n" % i for i in range(20)))
+
+        # Atomic replace: write a temp file, rename it over the old one.
+        rel = "d6/replaced.bin"
+        self.write(rel, b"old version\n")
+        new = rng.randbytes(70_000)
+        self.write("d6/.replaced.tmp", new, fsync=True)
+        self.rename("d6/.replaced.tmp", rel)
+
+        # One rename across directories, one delete.
+        self.rename(files[5], "d6/renamed.bin")
+        self.unlink(files[10])
+        # chmods (file and directory).
+        self.chmod(files[11], 0o600)
+        self.chmod(files[12], 0o755)
+        self.chmod("d5", 0o700)
+        # Extended attributes: binary value, a large one, one set then removed.
+        self.setxattr(files[13], "user.ubiquity.test", b"\x00binary\xffvalue")
+        self.setxattr(files[14], "user.big", bytes(range(256)) * 8)
+        self.setxattr(files[15], "user.gone", b"x")
+        self.setxattr(files[15], "user.kept", b"kept")
+        self.removexattr(files[15], "user.gone")
+        # Empty directory, a symlink, a hard link.
+        self.mkdir("empty")
+        self.symlink("../f000.bin", "d0/link")
+        self.link(files[20], "d2/hardlink.bin")
+        # Last: rename a directory holding files (incl. chmodded/deleted ones above).
+        self.rename("d7", "d7-renamed")
+
+    def check(self, root: Path, label: str) -> None:
+        d = digest_diff(self.expected, tree_digest(root), note=self.note)
+        assert not d, f"{label}: tree differs from what was acknowledged:\n{d}"
+        d = digest_diff(self.expected_xattrs, xattrs(root))
+        assert not d, f"{label}: user.* xattrs differ:\n{d}"
+
+
+# --------------------------------------------------------------------------
+# kill -9
+# --------------------------------------------------------------------------
+
+
+def test_kill9_keeps_every_acknowledged_write(make_device):
+    a = make_device("a")
+    work = Workload(a.mountpoint, seed=1)
+    work.populate(200)
+    a.kill9()  # immediately; kill9() also lazily detaches the dead mount
+    assert os.listdir(a.mountpoint) == [], "the daemon wrote into the bare mountpoint"
+
+    a.mount()
+    work.check(a.mountpoint, "same device after kill -9")
+    digest_a = tree_digest(a.mountpoint)
+
+    a.unmount()  # graceful: returns once every change is pushed
+    b = make_device("b")
+    d = digest_diff(digest_a, tree_digest(b.mountpoint))
+    assert not d, f"second device differs from the first:\n{d}"
+    work.check(b.mountpoint, "second device")
+
+
+# --------------------------------------------------------------------------
+# clean unmount / remount
+# --------------------------------------------------------------------------
+
+
+def test_clean_unmount_then_remount_shows_everything(make_device, tmp_path):
+    """A remount of the same device shows the whole tree at once.
+
+    This only checks what a user sees (names, contents, modes, mtimes, hard
+    links, xattrs, read right after the remount).  It does NOT prove that the
+    replica's cache was reused instead of re-downloading from the store.
+    """
+    a = make_device("a")
+    src = make_tree(tmp_path / "src", seed=5, hardlinks=True)
+    run(["cp", "-a", src, a.mountpoint / "tree"])
+    (a.mountpoint / "big.bin").write_bytes(random.Random(9).randbytes(5 * MiB + 7))
+    os.setxattr(a.mountpoint / "big.bin", "user.note", b"hello")
+    before = (
+        tree_digest(a.mountpoint),
+        mtimes(a.mountpoint),
+        hardlink_groups(a.mountpoint),
+        xattrs(a.mountpoint),
+    )
+    assert before[0]["tree/a/b/c/d"][0] == "dir"
+
+    a.unmount()
+    assert os.listdir(a.mountpoint) == [], "the daemon wrote into the bare mountpoint"
+    a.mount()
+    names = ["tree_digest", "mtimes", "hardlink_groups", "xattrs"]
+    after = (
+        tree_digest(a.mountpoint),
+        mtimes(a.mountpoint),
+        hardlink_groups(a.mountpoint),
+        xattrs(a.mountpoint),
+    )
+    for name, x, y in zip(names, before, after):
+        if isinstance(x, dict):
+            d = digest_diff(x, y)
+            assert not d, f"{name} differs after remount:\n{d}"
+        else:
+            assert x == y, f"{name} differs after remount"
+
+
+def test_force_unmount_then_remount(make_device):
+    a = make_device("a")
+    work = Workload(a.mountpoint, seed=3)
+    work.populate(40)
+    res = a.unmount(force=True)
+    assert not a.is_mounted(), res
+    a.mount()
+    work.check(a.mountpoint, "after unmount --force")
+    a.unmount()
+    b = make_device("b")
+    work.check(b.mountpoint, "second device")
+
+
+# --------------------------------------------------------------------------
+# Refusals
+# --------------------------------------------------------------------------
+
+
+def assert_refused(dev, tmp_path, what: str):
+    """dev.mount() must fail with a message and leave nothing mounted or running."""
+    mounts_before = mounts_under(tmp_path)
+    procs_before = set(processes_with_data_home(dev.data_home))
+    res = dev.mount(check=False)
+    assert res.returncode is not None, f"{what}: mount hung\n{res}"
+    assert res.returncode != 0, f"{what}: mount should have been refused\n{res}"
+    assert res.text.strip(), f"{what}: refused without any message\n{res}"
+    assert mounts_under(tmp_path) == mounts_before, f"{what}: something was left mounted"
+    assert wait_until(
+        lambda: set(processes_with_data_home(dev.data_home)) <= procs_before, EXIT_TIMEOUT
+    ), f"{what}: a process was left running"
+    return res
+
+
+@pytest.mark.parametrize("kind", ["missing", "non-empty", "regular-file"])
+def test_refuses_bad_mountpoint(make_device, tmp_path, kind):
+    dev = make_device("a", mount=False)
+    mp = dev.mountpoint
+    if kind == "missing":
+        mp.rmdir()
+    elif kind == "non-empty":
+        (mp / "precious.txt").write_text("keep me\n")
+    else:
+        mp.rmdir()
+        mp.write_text("a file\n")
+    assert_refused(dev, tmp_path, f"{kind} mountpoint")
+
+    # Nothing under the mountpoint was touched ...
+    if kind == "non-empty":
+        assert os.listdir(mp) == ["precious.txt"]
+        assert (mp / "precious.txt").read_text() == "keep me\n"
+        (mp / "precious.txt").unlink()
+    elif kind == "regular-file":
+        assert mp.read_text() == "a file\n"
+        mp.unlink()
+        mp.mkdir()
+    else:
+        if mp.exists():  # creating it is tolerated, mounting on it is not
+            assert mp.is_dir() and os.listdir(mp) == []
+        else:
+            mp.mkdir()
+    # ... and the refusal left no lock or state behind: a proper mount works.
+    dev.mount()
+    assert os.listdir(mp) == []
+
+
+@pytest.mark.parametrize("kind", ["non-empty-dir", "regular-file"])
+def test_refuses_store_that_is_not_a_store(make_device, tmp_path, store, kind):
+    bogus = tmp_path / "not-a-store"
+    if kind == "non-empty-dir":
+        (bogus / "sub").mkdir(parents=True)
+        (bogus / "notes.txt").write_text("my own files\n")
+        (bogus / "sub" / "photo.jpg").write_bytes(random.Random(2).randbytes(10_000))
+    else:
+        bogus.write_text("not a directory\n")
+    before = tree_digest(bogus) if bogus.is_dir() else bogus.read_bytes()
+    dev = make_device("a", store=bogus, mount=False)
+    assert_refused(dev, tmp_path, f"store is a {kind}")
+    after = tree_digest(bogus) if bogus.is_dir() else bogus.read_bytes()
+    assert after == before, "the refused mount modified the foreign directory"
+    dev.store = store
+    dev.mount()
+
+
+def test_refuses_second_mount_of_same_device(make_device, tmp_path):
+    a = make_device("a")
+    (a.mountpoint / "hello.txt").write_text("hello\n")
+    twin = make_device("a-twin", data_home=a.data_home, mount=False)
+    assert_refused(twin, tmp_path, "same XDG_DATA_HOME and store mounted twice")
+    assert os.listdir(twin.mountpoint) == []
+    # The first mount is unharmed.
+    assert (a.mountpoint / "hello.txt").read_text() == "hello\n"
+    (a.mountpoint / "second.txt").write_text("still writable\n")
+    assert sorted(os.listdir(a.mountpoint)) == ["hello.txt", "second.txt"]
+    # Once the first mount is gone the lock is free.
+    a.unmount()
+    twin.mount()
+    assert (twin.mountpoint / "second.txt").read_text() == "still writable\n"
+
+
+# --------------------------------------------------------------------------
+# External unmount and SIGTERM
+# --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("how", ["fusermount3 -u", "SIGTERM"])
+def test_external_unmount_or_sigterm_ends_daemon_cleanly(make_device, how):
+    a = make_device("a")
+    work = Workload(a.mountpoint, seed=4)
+    work.populate(60)
+    pid = a.pid
+    if how == "SIGTERM":
+        os.kill(pid, signal.SIGTERM)
+    else:
+        res = subprocess.run(["fusermount3", "-u", str(a.mountpoint)], capture_output=True,
+                             text=True, timeout=30)
+        assert res.returncode == 0, res.stderr
+    problems = a.wait_gone(EXIT_TIMEOUT)
+    assert not problems, f"after {how}: " + "; ".join(problems)
+
+    a.mount()
+    work.check(a.mountpoint, f"remount after {how}")
+    a.unmount()
+    b = make_device("b")
+    work.check(b.mountpoint, f"second device after {how} + remount + unmount")

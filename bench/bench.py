@@ -1,0 +1,1051 @@
+#!/usr/bin/env python3
+"""UbiquityFS benchmark: our FUSE mount vs. bindfs over a plain directory.
+
+This is a benchmark script, not a test: it measures, prints a table and
+(optionally) writes JSON.  It never fails on a missed target; it exits
+non-zero only when it could not run (bad arguments, mount failure, ...).
+
+Targets (columns):
+  ubiquityfs  `ubiquityfs mount MP --store STORE` with XDG_DATA_HOME set to
+              a scratch dir under --workdir.
+  bindfs      `bindfs --no-allow-other SRC MP` over a plain directory under
+              --workdir (plain single-threaded FUSE loopback).
+  target      with --target DIR: any existing directory (e.g. a plain dir, or a
+              mount you set up by hand).  It replaces the ubiquityfs column.
+
+Workloads (each runs on a fresh subdirectory of each target, same parameters):
+  small   N x 4 KiB files: create+write, stat (cold), open+read (cold),
+          rename, unlink                                    -> ops/s
+  seq     sequential write (incl. fsync+close), cold sequential read, 1 MiB
+          blocks                                            -> MiB/s
+  rand    4 KiB random reads / writes on one file (fio if present, else
+          Python pread/pwrite); writes include a final fsync -> IOPS, MiB/s
+  git     `git clone --no-hardlinks SRC DEST` of a generated local repo
+                                                            -> seconds
+  rss     daemon VmRSS / VmHWM after creating N small files in D dirs
+                                                            -> MiB
+
+Run as root (drop_caches needs it).  See bench/README.md.
+"""
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import random
+import re
+import shlex
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import time
+
+MiB = 1024 * 1024
+KiB = 1024
+MARKER = ".ubq-bench-workdir"
+
+# --------------------------------------------------------------------------
+# small helpers
+# --------------------------------------------------------------------------
+
+VERBOSE = True
+
+
+def log(msg):
+    if VERBOSE:
+        ts = time.strftime("%H:%M:%S")
+        print(f"[{ts}] {msg}", file=sys.stderr, flush=True)
+
+
+def warn(msg):
+    print(f"WARNING: {msg}", file=sys.stderr, flush=True)
+
+
+class BenchError(Exception):
+    pass
+
+
+def run(cmd, check=True, timeout=None, env=None, capture=True, cwd=None):
+    """Run a command (list), return CompletedProcess. Output is captured."""
+    try:
+        cp = subprocess.run(cmd, env=env, cwd=cwd, timeout=timeout,
+                            stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE if capture else None,
+                            stderr=subprocess.PIPE if capture else None,
+                            text=True)
+    except subprocess.TimeoutExpired as e:
+        raise BenchError(f"timed out after {timeout}s: {shlex.join(cmd)}") from e
+    if check and cp.returncode != 0:
+        raise BenchError(f"command failed ({cp.returncode}): {shlex.join(cmd)}\n"
+                         f"stdout: {(cp.stdout or '').strip()}\n"
+                         f"stderr: {(cp.stderr or '').strip()}")
+    return cp
+
+
+_DROP_OK = None
+
+
+def drop_caches():
+    """sync; echo 3 > /proc/sys/vm/drop_caches (best effort, warns once)."""
+    global _DROP_OK
+    os.sync()
+    if _DROP_OK is False:
+        return False
+    try:
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+        _DROP_OK = True
+        return True
+    except OSError as e:
+        if _DROP_OK is None:
+            warn(f"cannot drop caches ({e}); 'cold' figures will be warm. Run as root.")
+        _DROP_OK = False
+        return False
+
+
+def mountpoints():
+    """Set of mount points from /proc/self/mountinfo (unescaped)."""
+    res = set()
+    try:
+        with open("/proc/self/mountinfo") as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) > 4:
+                    mp = parts[4]
+                    mp = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), mp)
+                    res.add(mp)
+    except OSError:
+        pass
+    return res
+
+
+def is_mounted(path):
+    return os.path.realpath(path) in mountpoints()
+
+
+def pids_with_arg(path):
+    """PIDs whose /proc/PID/cmdline has an argument equal to (or resolving
+    to) path."""
+    path = os.path.realpath(path)
+    out = []
+    me = os.getpid()
+    for d in os.listdir("/proc"):
+        if not d.isdigit() or int(d) == me:
+            continue
+        try:
+            with open(f"/proc/{d}/cmdline", "rb") as f:
+                args = f.read().split(b"\0")
+        except OSError:
+            continue
+        for a in args:
+            if not a:
+                continue
+            s = a.decode(errors="replace")
+            if s == path or (s.startswith("/") and os.path.realpath(s) == path):
+                out.append(int(d))
+                break
+    return out
+
+
+def proc_status_kib(pid, field):
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def pid_alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # zombie?
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            st = f.read()
+        return st.rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def wait_until(pred, timeout, step=0.05):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if pred():
+            return True
+        time.sleep(step)
+    return pred()
+
+
+def run_to_file(cmd, logpath, timeout, env=None):
+    """Run a command that may leave a daemon behind. Its output goes to a file,
+    not a pipe: a daemon that inherits a pipe keeps it open, and reading the
+    pipe to EOF would wait for the daemon to exit. Returns (rc, output)."""
+    with open(logpath, "w+") as f:
+        p = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=f,
+                             stderr=subprocess.STDOUT)
+        try:
+            rc = p.wait(timeout=timeout)
+        except subprocess.TimeoutExpired as e:
+            p.kill()
+            p.wait()
+            f.seek(0)
+            raise BenchError(f"timed out after {timeout}s: {shlex.join(cmd)}\n"
+                             f"output: {f.read().strip()}") from e
+        f.seek(0)
+        return rc, f.read()
+
+
+def fusermount_u(mp, lazy=False):
+    cmd = ["fusermount3", "-u"] + (["-z"] if lazy else []) + [mp]
+    if shutil.which("fusermount3") is None:
+        cmd = ["umount"] + (["-l"] if lazy else []) + [mp]
+    return run(cmd, check=False, timeout=60)
+
+
+def rmtree(path):
+    if os.path.lexists(path):
+        shutil.rmtree(path, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------
+# data
+# --------------------------------------------------------------------------
+
+class Pool:
+    """Incompressible, non-repeating (up to its size) data, so that a store
+    that compresses or deduplicates content gets no unfair advantage."""
+
+    def __init__(self, size):
+        size = max(size, 8 * MiB)
+        log(f"generating {size // MiB} MiB of random data")
+        self.buf = os.urandom(size)
+        self.mv = memoryview(self.buf)
+        self.size = size
+
+    def chunk(self, i, n):
+        """n bytes; chunk index i -> distinct offset (wraps around)."""
+        off = (i * n) % (self.size - n + 1)
+        return self.mv[off:off + n]
+
+
+# --------------------------------------------------------------------------
+# targets
+# --------------------------------------------------------------------------
+
+class Target:
+    name = "?"
+    label = "?"
+    root = None      # directory where workloads create their subdirs
+    pid = None       # daemon pid (None: no daemon)
+
+    def setup(self):
+        pass
+
+    def teardown(self):
+        pass
+
+    def rss_kib(self):
+        if self.pid is None:
+            return None, None
+        return proc_status_kib(self.pid, "VmRSS"), proc_status_kib(self.pid, "VmHWM")
+
+    def check_alive(self):
+        if self.pid is not None and not pid_alive(self.pid):
+            raise BenchError(f"{self.name}: daemon pid {self.pid} died")
+
+
+class DirTarget(Target):
+    name = "target"
+
+    def __init__(self, directory, pid=None):
+        self.dir = os.path.abspath(directory)
+        self.label = f"dir:{self.dir}"
+        self.pid = pid
+        self.root = None
+
+    def setup(self):
+        if not os.path.isdir(self.dir):
+            raise BenchError(f"--target {self.dir}: not a directory")
+        self.root = os.path.join(self.dir, f"ubq-bench-{os.getpid()}")
+        os.makedirs(self.root)
+
+    def teardown(self):
+        if self.root:
+            log(f"{self.name}: removing {self.root}")
+            rmtree(self.root)
+
+
+class BindfsTarget(Target):
+    name = "bindfs"
+
+    def __init__(self, workdir, extra_args):
+        self.base = os.path.join(workdir, "bindfs")
+        self.src = os.path.join(self.base, "src")
+        self.mp = os.path.join(self.base, "mnt")
+        self.extra = extra_args
+        self.label = "bindfs " + " ".join(["--no-allow-other"] + extra_args)
+        self.mounted = False
+
+    def setup(self):
+        if shutil.which("bindfs") is None:
+            raise BenchError("bindfs not found (apt-get install -y bindfs)")
+        os.makedirs(self.src, exist_ok=True)
+        os.makedirs(self.mp, exist_ok=True)
+        cmd = ["bindfs", "--no-allow-other"] + self.extra + [self.src, self.mp]
+        log(f"bindfs: {shlex.join(cmd)}")
+        run(cmd, timeout=60)
+        self.mounted = True
+        if not wait_until(lambda: is_mounted(self.mp), 10):
+            raise BenchError("bindfs: mount did not appear")
+        pids = pids_with_arg(self.mp)
+        self.pid = pids[0] if pids else None
+        if self.pid is None:
+            warn("bindfs: could not find daemon pid; RSS will be n/a")
+        self.root = self.mp
+        self.version = run(["bindfs", "--version"], check=False).stdout.strip()
+
+    def teardown(self):
+        if self.mounted or is_mounted(self.mp):
+            log("bindfs: fusermount3 -u")
+            cp = fusermount_u(self.mp)
+            if is_mounted(self.mp):
+                warn(f"bindfs: unmount failed ({(cp.stderr or '').strip()}); lazy unmount")
+                fusermount_u(self.mp, lazy=True)
+            self.mounted = False
+        if self.pid:
+            wait_until(lambda: not pid_alive(self.pid), 10)
+
+
+class UbiquityTarget(Target):
+    name = "ubiquityfs"
+
+    def __init__(self, workdir, binary, unmount_timeout, extra_args):
+        self.base = os.path.join(workdir, "ubiquityfs")
+        self.mp = os.path.join(self.base, "mnt")
+        self.store = os.path.join(self.base, "store")
+        self.xdg = os.path.join(self.base, "xdg")
+        self.bin = binary
+        self.unmount_timeout = unmount_timeout
+        self.extra = extra_args
+        self.label = f"ubiquityfs ({binary})"
+        self.mounted = False
+        self.unmount_seconds = None
+        self.unmount_mode = None
+
+    def env(self):
+        e = dict(os.environ)
+        e["XDG_DATA_HOME"] = self.xdg
+        return e
+
+    def setup(self):
+        if not (os.path.isfile(self.bin) and os.access(self.bin, os.X_OK)):
+            raise BenchError(f"ubiquityfs binary not found: {self.bin} "
+                             "(build it, pass --bin, or use --only bindfs)")
+        os.makedirs(self.mp, exist_ok=True)
+        os.makedirs(self.xdg, exist_ok=True)
+        os.makedirs(self.store, exist_ok=True)  # an empty folder becomes a new store
+        cmd = [self.bin, "mount", self.mp, "--store", self.store] + self.extra
+        log(f"ubiquityfs: XDG_DATA_HOME={self.xdg} {shlex.join(cmd)}")
+        self.mounted = True  # from here on, teardown tries to unmount
+        rc, out = run_to_file(cmd, os.path.join(self.base, "mount.log"),
+                              timeout=120, env=self.env())
+        if rc != 0:
+            raise BenchError(f"ubiquityfs mount failed ({rc}):\n{out.strip()}")
+        m = re.search(r"\bpid\b\D{0,3}(\d+)", out)
+        if not wait_until(lambda: is_mounted(self.mp), 10):
+            raise BenchError(f"ubiquityfs: mount command returned but {self.mp} "
+                             f"is not mounted. Output:\n{out.strip()}")
+        self.pid = int(m.group(1)) if m else None
+        if self.pid is None or not pid_alive(self.pid):
+            pids = pids_with_arg(self.mp)
+            self.pid = pids[0] if pids else None
+        if self.pid is None:
+            warn("ubiquityfs: could not find daemon pid; RSS will be n/a")
+        else:
+            log(f"ubiquityfs: daemon pid {self.pid}")
+        self.root = self.mp
+
+    def teardown(self):
+        if not (self.mounted or is_mounted(self.mp)):
+            return
+        t0 = time.perf_counter()
+        try:
+            log(f"ubiquityfs: unmount (waits for pending uploads, "
+                f"timeout {self.unmount_timeout}s)")
+            cp = run([self.bin, "unmount", self.mp], env=self.env(),
+                     timeout=self.unmount_timeout, check=False)
+            if cp.returncode == 0 and wait_until(lambda: not is_mounted(self.mp), 10):
+                self.unmount_mode = "clean"
+            else:
+                warn(f"ubiquityfs: unmount rc={cp.returncode}: {(cp.stderr or '').strip()}")
+        except BenchError as e:
+            warn(str(e))
+        except OSError as e:
+            warn(f"ubiquityfs: cannot run unmount: {e}")
+        self.unmount_seconds = time.perf_counter() - t0
+        if is_mounted(self.mp):
+            warn("ubiquityfs: trying unmount --force")
+            try:
+                run([self.bin, "unmount", "--force", self.mp], env=self.env(),
+                    timeout=60, check=False)
+            except (BenchError, OSError) as e:
+                warn(str(e))
+            self.unmount_mode = "force"
+        if is_mounted(self.mp):
+            warn("ubiquityfs: falling back to fusermount3 -u -z")
+            fusermount_u(self.mp, lazy=True)
+            self.unmount_mode = "lazy"
+        self.mounted = False
+        if self.pid and not wait_until(lambda: not pid_alive(self.pid), 30):
+            warn(f"ubiquityfs: daemon pid {self.pid} still running after unmount")
+
+
+# --------------------------------------------------------------------------
+# workloads: each takes (target, subdir, cfg, pool) and returns {metric: value}
+# --------------------------------------------------------------------------
+
+def wl_small(t, d, cfg, pool):
+    n, size = cfg.small_files, cfg.small_size
+    os.makedirs(d)
+    names = [os.path.join(d, f"f{i:06d}") for i in range(n)]
+    renamed = [os.path.join(d, f"r{i:06d}") for i in range(n)]
+    flags = os.O_CREAT | os.O_WRONLY | os.O_TRUNC
+    datas = [pool.chunk(i, size) for i in range(n)]
+    res = {}
+
+    t0 = time.perf_counter()
+    for p, data in zip(names, datas):
+        fd = os.open(p, flags, 0o644)
+        os.write(fd, data)
+        os.close(fd)
+    res["small_create"] = n / (time.perf_counter() - t0)
+
+    drop_caches()
+    t0 = time.perf_counter()
+    for p in names:
+        os.stat(p)
+    res["small_stat"] = n / (time.perf_counter() - t0)
+
+    drop_caches()
+    t0 = time.perf_counter()
+    for p in names:
+        fd = os.open(p, os.O_RDONLY)
+        b = os.read(fd, size)
+        os.close(fd)
+        if len(b) != size:
+            raise BenchError(f"short read on {p}: {len(b)} bytes")
+    res["small_read"] = n / (time.perf_counter() - t0)
+
+    t0 = time.perf_counter()
+    for a, b in zip(names, renamed):
+        os.rename(a, b)
+    res["small_rename"] = n / (time.perf_counter() - t0)
+
+    t0 = time.perf_counter()
+    for p in renamed:
+        os.unlink(p)
+    res["small_unlink"] = n / (time.perf_counter() - t0)
+    return res
+
+
+def write_file(path, nbytes, bs, pool, fsync=True):
+    fd = os.open(path, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o644)
+    try:
+        i = 0
+        left = nbytes
+        while left > 0:
+            n = min(bs, left)
+            chunk = pool.chunk(i, bs)[:n]
+            w = os.write(fd, chunk)
+            while w < n:
+                w += os.write(fd, chunk[w:])
+            left -= n
+            i += 1
+        if fsync:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def wl_seq(t, d, cfg, pool):
+    os.makedirs(d)
+    path = os.path.join(d, "seq.bin")
+    nbytes = cfg.seq_mib * MiB
+    bs = cfg.seq_bs_kib * KiB
+    res = {}
+    drop_caches()
+    t0 = time.perf_counter()
+    write_file(path, nbytes, bs, pool, fsync=True)  # fsync + close timed
+    res["seq_write"] = (nbytes / MiB) / (time.perf_counter() - t0)
+
+    drop_caches()
+    buf = bytearray(bs)
+    total = 0
+    t0 = time.perf_counter()
+    with open(path, "rb", buffering=0) as f:
+        while True:
+            n = f.readinto(buf)
+            if not n:
+                break
+            total += n
+    el = time.perf_counter() - t0
+    if total != nbytes:
+        raise BenchError(f"seq read got {total} bytes, expected {nbytes}")
+    res["seq_read"] = (nbytes / MiB) / el
+    os.unlink(path)
+    return res
+
+
+def fio_run(path, rw, cfg):
+    cmd = ["fio", "--name=ubqbench", f"--filename={path}", f"--rw={rw}",
+           "--bs=4k", f"--size={cfg.rand_file_mib}M",
+           f"--number_ios={cfg.rand_ops}", "--ioengine=psync", "--direct=0",
+           "--iodepth=1", "--numjobs=1", "--randrepeat=1",
+           f"--randseed={cfg.seed}", "--invalidate=1", "--overwrite=0",
+           "--output-format=json"]
+    if rw == "randwrite":
+        cmd.append("--end_fsync=1")  # counted in fio's runtime
+    cp = run(cmd, timeout=3600)
+    out = cp.stdout
+    j = json.loads(out[out.index("{"):])
+    job = j["jobs"][0]
+    side = job["read" if rw == "randread" else "write"]
+    if side["total_ios"] < cfg.rand_ops:
+        raise BenchError(f"fio {rw}: only {side['total_ios']} ios done")
+    return side["iops"], side["bw_bytes"] / MiB
+
+
+def py_rand(path, rw, cfg, pool):
+    nblocks = (cfg.rand_file_mib * MiB) // (4 * KiB)
+    rnd = random.Random(f"{cfg.seed}-{rw}")
+    if cfg.rand_ops <= nblocks:
+        blocks = rnd.sample(range(nblocks), cfg.rand_ops)
+    else:
+        blocks = [rnd.randrange(nblocks) for _ in range(cfg.rand_ops)]
+    offs = [b * 4 * KiB for b in blocks]
+    if rw == "randread":
+        fd = os.open(path, os.O_RDONLY)
+        t0 = time.perf_counter()
+        for off in offs:
+            if len(os.pread(fd, 4 * KiB, off)) != 4 * KiB:
+                raise BenchError("short pread")
+        el = time.perf_counter() - t0
+        os.close(fd)
+    else:
+        datas = [pool.chunk(i + 7919, 4 * KiB) for i in range(len(offs))]
+        fd = os.open(path, os.O_WRONLY)
+        t0 = time.perf_counter()
+        for off, data in zip(offs, datas):
+            os.pwrite(fd, data, off)
+        os.fsync(fd)
+        el = time.perf_counter() - t0
+        os.close(fd)
+    iops = len(offs) / el
+    return iops, iops * 4 * KiB / MiB
+
+
+def wl_rand(t, d, cfg, pool):
+    os.makedirs(d)
+    path = os.path.join(d, "rand.bin")
+    log(f"  {t.name}: laying out {cfg.rand_file_mib} MiB file (untimed)")
+    write_file(path, cfg.rand_file_mib * MiB, MiB, pool, fsync=True)
+    res = {}
+    for rw, key in (("randread", "rand_read"), ("randwrite", "rand_write")):
+        drop_caches()
+        if cfg.rand_engine == "fio":
+            iops, mibs = fio_run(path, rw, cfg)
+        else:
+            iops, mibs = py_rand(path, rw, cfg, pool)
+        res[key + "_iops"] = iops
+        res[key + "_mibs"] = mibs
+    os.unlink(path)
+    return res
+
+
+def git_env(workdir):
+    e = dict(os.environ)
+    e.update({
+        "GIT_CONFIG_NOSYSTEM": "1",
+        "GIT_CONFIG_GLOBAL": os.devnull,
+        "HOME": workdir,
+        "GIT_AUTHOR_NAME": "bench", "GIT_AUTHOR_EMAIL": "bench@localhost",
+        "GIT_COMMITTER_NAME": "bench", "GIT_COMMITTER_EMAIL": "bench@localhost",
+        "GIT_AUTHOR_DATE": "2024-01-01T00:00:00Z",
+        "GIT_COMMITTER_DATE": "2024-01-01T00:00:00Z",
+        "LC_ALL": "C",
+    })
+    return e
+
+
+WORDS = ("alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu "
+         "nu xi omicron pi rho sigma tau upsilon phi chi psi omega func let var "
+         "return struct class import if else for while switch case").split()
+
+
+def gen_text(rnd, nbytes):
+    out = []
+    size = 0
+    while size < nbytes:
+        line = " ".join(rnd.choice(WORDS) for _ in range(rnd.randint(3, 12)))
+        line += f" {rnd.getrandbits(32):08x}\n"
+        out.append(line)
+        size += len(line)
+    return "".join(out)
+
+
+def make_git_repo(path, cfg):
+    """Generate once per run, outside any mount."""
+    log(f"generating git repo: {cfg.git_files} files in {cfg.git_dirs} dirs, "
+        f"{cfg.git_commits} commits")
+    env = git_env(os.path.dirname(path))
+    os.makedirs(path)
+    run(["git", "init", "-q", path], env=env)
+    rnd = random.Random(cfg.seed)
+    files = [os.path.join(f"d{i % cfg.git_dirs:03d}", f"file{i:05d}.txt")
+             for i in range(cfg.git_files)]
+    for dd in range(min(cfg.git_dirs, cfg.git_files)):
+        os.makedirs(os.path.join(path, f"d{dd:03d}"), exist_ok=True)
+    for c in range(cfg.git_commits):
+        todo = files if c == 0 else rnd.sample(files, max(1, len(files) // 10))
+        for rel in todo:
+            with open(os.path.join(path, rel), "w") as f:
+                f.write(gen_text(rnd, rnd.randint(200, 6000)))
+        run(["git", "-C", path, "add", "-A"], env=env)
+        run(["git", "-C", path, "commit", "-q", "--no-gpg-sign", "-m", f"commit {c}"],
+            env=env)
+    # a packed repository, like one fetched from a server
+    run(["git", "-C", path, "repack", "-adq"], env=env)
+    run(["git", "-C", path, "prune"], env=env)
+    nfiles = sum(len(fs) for _, _, fs in os.walk(path))
+    log(f"git repo ready: {nfiles} files on disk incl. .git")
+
+
+def wl_git(t, d, cfg, pool):
+    os.makedirs(d)
+    dest = os.path.join(d, "clone")
+    env = git_env(cfg.workdir)
+    drop_caches()
+    t0 = time.perf_counter()
+    run(["git", "clone", "-q", "--no-hardlinks", cfg.git_src, dest], env=env,
+        timeout=3600)
+    el = time.perf_counter() - t0
+    n = sum(1 for _ in os.scandir(dest))
+    if n < 2:
+        raise BenchError("git clone produced an empty checkout")
+    return {"git_clone": el}
+
+
+def wl_rss(t, d, cfg, pool):
+    if t.pid is None:
+        log(f"  {t.name}: no daemon pid, skipping rss")
+        return {}
+    os.makedirs(d)
+    rss0, _ = t.rss_kib()
+    n, ndirs = cfg.rss_files, cfg.rss_dirs
+    flags = os.O_CREAT | os.O_WRONLY | os.O_TRUNC
+    dirs = [os.path.join(d, f"d{i:04d}") for i in range(ndirs)]
+    for p in dirs:
+        os.mkdir(p)
+    t0 = time.perf_counter()
+    for i in range(n):
+        fd = os.open(os.path.join(dirs[i % ndirs], f"f{i:06d}"), flags, 0o644)
+        os.write(fd, pool.chunk(i, cfg.rss_file_size))
+        os.close(fd)
+    el = time.perf_counter() - t0
+    os.sync()
+    time.sleep(1.0)  # let the daemon settle
+    rss, hwm = t.rss_kib()
+    res = {"rss_before": rss0 / KiB if rss0 is not None else None,
+           "rss_after": rss / KiB if rss is not None else None,
+           "rss_peak": hwm / KiB if hwm is not None else None,
+           "rss_create": n / el}
+    # deliberately not deleted here: the mount is torn down right after
+    return {k: v for k, v in res.items() if v is not None}
+
+
+WORKLOADS = {
+    "small": wl_small,
+    "seq": wl_seq,
+    "rand": wl_rand,
+    "git": wl_git,
+    "rss": wl_rss,
+}
+ORDER = ["small", "seq", "rand", "git", "rss"]   # rss last: leaves files behind
+
+# metric -> (workload label, unit, kind, target)
+#   kind: "rate" higher is better, ratio = ours/bindfs
+#         "time" lower is better,  ratio = bindfs/ours (>1: we are faster)
+#         "mem"  lower is better,  ratio = ours/bindfs (<1: we use less)
+#   target: ("ratio>=", x) or ("abs<=", x) or None
+METRICS = [
+    ("small_create", "small: create+write 4K", "ops/s", "rate", ("ratio>=", 0.7)),
+    ("small_stat", "small: stat (cold)", "ops/s", "rate", ("ratio>=", 0.7)),
+    ("small_read", "small: open+read (cold)", "ops/s", "rate", ("ratio>=", 0.7)),
+    ("small_rename", "small: rename", "ops/s", "rate", ("ratio>=", 0.7)),
+    ("small_unlink", "small: unlink", "ops/s", "rate", ("ratio>=", 0.7)),
+    ("seq_write", "seq: write 1M (+fsync)", "MiB/s", "rate", ("ratio>=", 0.8)),
+    ("seq_read", "seq: read 1M (cold)", "MiB/s", "rate", ("ratio>=", 0.8)),
+    ("rand_read_iops", "rand: 4K read", "IOPS", "rate", None),
+    ("rand_read_mibs", "rand: 4K read", "MiB/s", "rate", None),
+    ("rand_write_iops", "rand: 4K write (+fsync)", "IOPS", "rate", None),
+    ("rand_write_mibs", "rand: 4K write (+fsync)", "MiB/s", "rate", None),
+    ("git_clone", "git clone --no-hardlinks", "s", "time", None),
+    ("rss_create", "rss: create N files", "ops/s", "rate", None),
+    ("rss_mount", "rss: daemon VmRSS after mount", "MiB", "mem", None),
+    ("rss_before", "rss: daemon VmRSS before N", "MiB", "mem", None),
+    ("rss_after", "rss: daemon VmRSS after N", "MiB", "mem", ("abs<=", 200)),
+    ("rss_peak", "rss: daemon VmHWM (peak)", "MiB", "mem", None),
+]
+
+
+# --------------------------------------------------------------------------
+# reporting
+# --------------------------------------------------------------------------
+
+DISPLAY = {"ubiquityfs": "ubiquityfs", "target": "dir", "bindfs": "bindfs"}
+
+
+def fmt(v, unit):
+    if v is None:
+        return "—"
+    if unit in ("ops/s", "IOPS"):
+        return f"{v:,.0f}"
+    if unit == "s":
+        return f"{v:.2f}"
+    return f"{v:,.1f}"
+
+
+def spread(samples):
+    """(max - min) / median of repeated samples, None for a single sample."""
+    if not samples or len(samples) < 2:
+        return None
+    med = statistics.median(samples)
+    return (max(samples) - min(samples)) / med if med else None
+
+
+def build_rows(results, ours_name, cfg, raw=None):
+    raw = raw or {}
+    rows = []
+    for key, label, unit, kind, target in METRICS:
+        o = results.get(ours_name, {}).get(key)
+        b = results.get("bindfs", {}).get(key)
+        if o is None and b is None:
+            continue
+        if key.startswith("rss_"):
+            label = label.replace(" N", f" {cfg.rss_files:,}")
+        ratio = None
+        if o is not None and b is not None and o > 0 and b > 0:
+            ratio = b / o if kind == "time" else o / b
+        tgt, verdict = "", ""
+        if target:
+            op, x = target
+            if op == "ratio>=":
+                tgt = f"≥{x}×"
+                if ratio is not None:
+                    verdict = "ok" if ratio >= x else "MISS"
+            elif op == "abs<=":
+                tgt = f"≤{x} {unit}"
+                if o is not None and ours_name == "ubiquityfs":
+                    verdict = "ok" if o <= x else "MISS"
+        spreads = [x for x in (spread(raw.get(n, {}).get(key))
+                               for n in (ours_name, "bindfs")) if x is not None]
+        rows.append({"metric": key, "workload": label, "unit": unit, "kind": kind,
+                     "ours_name": ours_name, "ours": o, "bindfs": b, "ratio": ratio,
+                     "spread": max(spreads) if spreads else None,
+                     "target": tgt, "verdict": verdict})
+    return rows
+
+
+def print_table(rows, ours_name, out=sys.stdout):
+    show_spread = any(r["spread"] is not None for r in rows)
+    hdr = ["workload", "unit", DISPLAY.get(ours_name, ours_name), "bindfs", "ratio"]
+    hdr += ["spread"] if show_spread else []
+    hdr += ["goal (issue)", ""]
+    table = [hdr]
+    for r in rows:
+        ratio = "—" if r["ratio"] is None else f"{r['ratio']:.2f}×"
+        row = [r["workload"], r["unit"], fmt(r["ours"], r["unit"]),
+               fmt(r["bindfs"], r["unit"]), ratio]
+        if show_spread:
+            row.append("" if r["spread"] is None else f"{100 * r['spread']:.0f}%")
+        row += [r["target"], r["verdict"]]
+        table.append(row)
+    widths = [max(len(row[i]) for row in table) for i in range(len(hdr))]
+    right = {2, 3, 4, 5} if show_spread else {2, 3, 4}
+
+    def line(row):
+        cells = [c.rjust(widths[i]) if i in right else c.ljust(widths[i])
+                 for i, c in enumerate(row)]
+        return "  ".join(cells).rstrip()
+
+    print(line(table[0]), file=out)
+    print("  ".join("-" * w for w in widths).rstrip(), file=out)
+    for row in table[1:]:
+        print(line(row), file=out)
+    print("\nratio: rates = ours/bindfs, times = bindfs/ours (>1 = we are faster); "
+          "memory = ours/bindfs (<1 = we use less).", file=out)
+    if show_spread:
+        print("spread: (max-min)/median over the --repeat samples, worst of the two "
+              "columns; values are medians.", file=out)
+
+
+# --------------------------------------------------------------------------
+# main
+# --------------------------------------------------------------------------
+
+QUICK = dict(small_files=1000, seq_mib=64, rand_file_mib=64, rand_ops=5000,
+             git_files=500, git_dirs=20, git_commits=2, rss_files=10000, rss_dirs=100)
+FULL = dict(small_files=5000, seq_mib=512, rand_file_mib=256, rand_ops=20000,
+            git_files=3000, git_dirs=100, git_commits=3, rss_files=100000,
+            rss_dirs=1000)
+
+
+def default_bin():
+    for p in (".build/release/ubiquityfs", ".build/debug/ubiquityfs"):
+        if os.path.isfile(p) and os.access(p, os.X_OK):
+            return p
+    return ".build/release/ubiquityfs"
+
+
+def parse_args(argv):
+    ap = argparse.ArgumentParser(
+        description="Benchmark the UbiquityFS mount against bindfs over a plain dir.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("--bin", default=None,
+                    help="ubiquityfs binary (default: .build/release/ubiquityfs, "
+                         "else .build/debug/ubiquityfs)")
+    ap.add_argument("--only", choices=["ubiquityfs", "bindfs", "target"],
+                    help="run a single target")
+    ap.add_argument("--target", metavar="DIR",
+                    help="benchmark an existing directory instead of ubiquityfs "
+                         "(bindfs still runs for comparison unless --only target)")
+    ap.add_argument("--target-pid", type=int,
+                    help="with --target: pid of the daemon serving DIR (for RSS)")
+    ap.add_argument("--workdir", default="/tmp/ubq-bench",
+                    help="scratch dir for stores, mounts, git source (removed at end)")
+    ap.add_argument("--keep", action="store_true", help="keep --workdir at the end")
+    ap.add_argument("--json", metavar="FILE", help="write results as JSON")
+    ap.add_argument("--quick", action="store_true", help="small sizes for a quick run")
+    ap.add_argument("--workloads", default=",".join(ORDER),
+                    help="comma-separated subset of " + ",".join(ORDER))
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="repeat each workload N times, report the median")
+    ap.add_argument("--seed", type=int, default=42)
+    g = ap.add_argument_group("sizes (defaults: full run; --quick lowers them)")
+    g.add_argument("--small-files", type=int)
+    g.add_argument("--small-size", type=int, default=4096, help="bytes per file")
+    g.add_argument("--seq-mib", type=int)
+    g.add_argument("--seq-bs-kib", type=int, default=1024)
+    g.add_argument("--rand-file-mib", type=int)
+    g.add_argument("--rand-ops", type=int)
+    g.add_argument("--rand-engine", choices=["auto", "fio", "python"], default="auto",
+                   help="auto = fio if installed")
+    g.add_argument("--git-files", type=int)
+    g.add_argument("--git-dirs", type=int)
+    g.add_argument("--git-commits", type=int)
+    g.add_argument("--rss-files", type=int)
+    g.add_argument("--rss-dirs", type=int)
+    g.add_argument("--rss-file-size", type=int, default=100)
+    m = ap.add_argument_group("mounts")
+    m.add_argument("--bindfs-args", default="-o big_writes",
+                   help="bindfs options besides --no-allow-other. Debian's bindfs is "
+                        "built on libfuse 2, which sends 4 KiB writes unless "
+                        "big_writes is set (libfuse 3, as used by ubiquityfs, always "
+                        "has big writes). Pass '' for stock bindfs; add "
+                        "'--multithreaded' for a multithreaded baseline")
+    m.add_argument("--ubq-args", default="", help="extra args for `ubiquityfs mount`")
+    m.add_argument("--unmount-timeout", type=int, default=600,
+                   help="seconds to wait for `ubiquityfs unmount` before --force")
+    ap.add_argument("-q", "--quiet", action="store_true", help="no progress log")
+    cfg = ap.parse_args(argv)
+
+    sizes = QUICK if cfg.quick else FULL
+    for k, v in sizes.items():
+        if getattr(cfg, k) is None:
+            setattr(cfg, k, v)
+    cfg.workloads = [w.strip() for w in cfg.workloads.split(",") if w.strip()]
+    bad = [w for w in cfg.workloads if w not in WORKLOADS]
+    if bad:
+        ap.error(f"unknown workload(s): {bad}")
+    cfg.workloads = [w for w in ORDER if w in cfg.workloads]
+    if cfg.only == "target" and not cfg.target:
+        ap.error("--only target needs --target DIR")
+    if cfg.target and cfg.only == "ubiquityfs":
+        ap.error("--target replaces ubiquityfs; use --only target or --only bindfs")
+    if cfg.rand_engine == "auto":
+        cfg.rand_engine = "fio" if shutil.which("fio") else "python"
+    elif cfg.rand_engine == "fio" and not shutil.which("fio"):
+        ap.error("--rand-engine fio but fio is not installed (apt-get install -y fio)")
+    if cfg.small_size <= 0 or cfg.seq_bs_kib <= 0 or cfg.repeat < 1:
+        ap.error("sizes and --repeat must be positive")
+    cfg.bin = os.path.abspath(cfg.bin or default_bin())
+    ours_needed = (cfg.only == "ubiquityfs") or (cfg.only is None and not cfg.target)
+    if ours_needed and not (os.path.isfile(cfg.bin) and os.access(cfg.bin, os.X_OK)):
+        ap.error(f"ubiquityfs binary not found: {cfg.bin} (build it, pass --bin, "
+                 "or use --only bindfs / --target DIR)")
+    cfg.workdir = os.path.abspath(cfg.workdir)
+    return cfg
+
+
+def prepare_workdir(wd):
+    """Create wd; if it exists, it must be one of ours (marker) or empty.
+    Stale mounts under it from an aborted run are detached first."""
+    if os.path.exists(wd):
+        if os.listdir(wd) and not os.path.exists(os.path.join(wd, MARKER)):
+            raise BenchError(f"--workdir {wd} exists, is not empty and was not "
+                             f"created by this script; refusing to use it")
+        for mp in sorted(mountpoints(), key=len, reverse=True):
+            if mp.startswith(wd + "/"):
+                warn(f"stale mount from an earlier run: {mp}; detaching")
+                fusermount_u(mp, lazy=True)
+        if any(mp.startswith(wd + "/") for mp in mountpoints()):
+            raise BenchError(f"cannot detach stale mounts under {wd}")
+        rmtree(wd)
+    os.makedirs(wd)
+    open(os.path.join(wd, MARKER), "w").close()
+
+
+def on_sigterm(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def main(argv=None):
+    global VERBOSE
+    cfg = parse_args(sys.argv[1:] if argv is None else argv)
+    VERBOSE = not cfg.quiet
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # even if inherited SIG_IGN
+    signal.signal(signal.SIGTERM, on_sigterm)
+    signal.signal(signal.SIGHUP, on_sigterm)
+
+    if os.geteuid() != 0:
+        warn("not root: caches cannot be dropped, 'cold' figures will be warm")
+
+    ours_name = "target" if cfg.target else "ubiquityfs"
+    names = [cfg.only] if cfg.only else [ours_name, "bindfs"]
+
+    targets = {}
+    results = {n: {} for n in names}
+    raw = {n: {} for n in names}
+    started = datetime.datetime.now(datetime.timezone.utc)
+    rc = 0
+    wd_made = False
+    try:
+        prepare_workdir(cfg.workdir)
+        wd_made = True
+        need = 0
+        if "seq" in cfg.workloads:
+            need = max(need, cfg.seq_mib * MiB)
+        if "rand" in cfg.workloads:
+            need = max(need, cfg.rand_file_mib * MiB)
+        if "small" in cfg.workloads:
+            need = max(need, cfg.small_files * cfg.small_size)
+        pool = Pool(min(need, 1024 * MiB))
+        if "git" in cfg.workloads:
+            cfg.git_src = os.path.join(cfg.workdir, "git-src", "repo")
+            make_git_repo(cfg.git_src, cfg)
+
+        for n in names:
+            if n == "ubiquityfs":
+                t = UbiquityTarget(cfg.workdir, cfg.bin, cfg.unmount_timeout,
+                                   shlex.split(cfg.ubq_args))
+            elif n == "bindfs":
+                t = BindfsTarget(cfg.workdir, shlex.split(cfg.bindfs_args))
+            else:
+                t = DirTarget(cfg.target, cfg.target_pid)
+            targets[n] = t
+            t.setup()
+            rss, _ = t.rss_kib()
+            if rss is not None:
+                raw[n]["rss_mount"] = [rss / KiB]
+
+        for wl in cfg.workloads:
+            reps = 1 if wl == "rss" else cfg.repeat  # rss accumulates files
+            for rep in range(reps):
+                order = names if rep % 2 == 0 else list(reversed(names))
+                for n in order:
+                    t = targets[n]
+                    d = os.path.join(t.root, f"{wl}-{rep}")
+                    log(f"{wl} [{rep + 1}/{reps}] on {n}")
+                    r = WORKLOADS[wl](t, d, cfg, pool)
+                    t.check_alive()
+                    for k, v in r.items():
+                        raw[n].setdefault(k, []).append(v)
+                    log("  " + ", ".join(f"{k}={v:,.1f}" for k, v in r.items()))
+                    if wl != "rss":
+                        rmtree(d)  # untimed cleanup
+        for n in names:
+            for k, vs in raw[n].items():
+                results[n][k] = statistics.median(vs)
+    except KeyboardInterrupt as e:
+        warn(f"interrupted ({e}); tearing down")
+        rc = 130
+    except BenchError as e:
+        print(f"ERROR: {e}", file=sys.stderr)
+        rc = 1
+    finally:
+        for n in reversed(list(targets)):
+            try:
+                targets[n].teardown()
+            except Exception as e:  # keep tearing down the others
+                warn(f"teardown of {n} failed: {e}")
+        if wd_made and not cfg.keep:
+            if any(mp.startswith(cfg.workdir + "/") for mp in mountpoints()):
+                warn(f"mounts remain under {cfg.workdir}; not removing it")
+            else:
+                log(f"removing {cfg.workdir}")
+                rmtree(cfg.workdir)
+
+    if not any(results.values()):
+        return rc or 1
+    rows = build_rows(results, ours_name, cfg, raw)
+    params = {k: getattr(cfg, k) for k in
+              ["small_files", "small_size", "seq_mib", "seq_bs_kib", "rand_file_mib",
+               "rand_ops", "rand_engine", "git_files", "git_dirs", "git_commits",
+               "rss_files", "rss_dirs", "rss_file_size", "repeat", "quick", "seed"]}
+    print()
+    print(f"UbiquityFS benchmark  {started:%Y-%m-%d %H:%M UTC}  "
+          f"{platform.node()}  kernel {platform.release()}  {os.cpu_count()} cpus")
+    for n in names:
+        print(f"  {n}: {targets[n].label if n in targets else '?'}")
+    print("  params: " + " ".join(f"{k}={v}" for k, v in params.items()))
+    print()
+    print_table(rows, ours_name)
+    u = targets.get("ubiquityfs")
+    if u is not None and u.unmount_seconds is not None:
+        print(f"ubiquityfs unmount (drains pending uploads): "
+              f"{u.unmount_seconds:.2f} s, mode={u.unmount_mode}")
+    if rc:
+        print(f"\n(incomplete run, exit code {rc})")
+
+    if cfg.json:
+        doc = {
+            "started": started.isoformat(),
+            "host": platform.node(), "kernel": platform.release(),
+            "cpus": os.cpu_count(),
+            "targets": {n: targets[n].label for n in targets},
+            "params": params,
+            "results": results,
+            "samples": raw,
+            "rows": rows,
+            "ubiquityfs_unmount_seconds": u.unmount_seconds if u else None,
+            "ubiquityfs_unmount_mode": u.unmount_mode if u else None,
+            "complete": rc == 0,
+        }
+        with open(cfg.json, "w") as f:
+            json.dump(doc, f, indent=2, ensure_ascii=False)
+        log(f"wrote {cfg.json}")
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())
