@@ -329,13 +329,14 @@ class BindfsTarget(Target):
 class UbiquityTarget(Target):
     name = "ubiquityfs"
 
-    def __init__(self, workdir, binary, unmount_timeout, extra_args):
+    def __init__(self, workdir, binary, unmount_timeout, extra_args, mount_timeout=120):
         self.base = os.path.join(workdir, "ubiquityfs")
         self.mp = os.path.join(self.base, "mnt")
         self.store = os.path.join(self.base, "store")
         self.xdg = os.path.join(self.base, "xdg")
         self.bin = binary
         self.unmount_timeout = unmount_timeout
+        self.mount_timeout = mount_timeout
         self.extra = extra_args
         self.label = f"ubiquityfs ({binary})"
         self.mounted = False
@@ -357,8 +358,14 @@ class UbiquityTarget(Target):
         cmd = [self.bin, "mount", self.mp, "--store", self.store] + self.extra
         log(f"ubiquityfs: XDG_DATA_HOME={self.xdg} {shlex.join(cmd)}")
         self.mounted = True  # from here on, teardown tries to unmount
-        rc, out = run_to_file(cmd, os.path.join(self.base, "mount.log"),
-                              timeout=120, env=self.env())
+        try:
+            rc, out = run_to_file(cmd, os.path.join(self.base, "mount.log"),
+                                  timeout=self.mount_timeout, env=self.env())
+        except BenchError as e:
+            if is_mounted(self.mp):
+                raise BenchError(f"{e}\n(the file system *is* mounted: the mount "
+                                 "command did not return once the mount was ready)")
+            raise
         if rc != 0:
             raise BenchError(f"ubiquityfs mount failed ({rc}):\n{out.strip()}")
         m = re.search(r"\bpid\b\D{0,3}(\d+)", out)
@@ -864,6 +871,8 @@ def parse_args(argv):
                         "has big writes). Pass '' for stock bindfs; add "
                         "'--multithreaded' for a multithreaded baseline")
     m.add_argument("--ubq-args", default="", help="extra args for `ubiquityfs mount`")
+    m.add_argument("--mount-timeout", type=int, default=120,
+                   help="seconds to wait for `ubiquityfs mount` to return")
     m.add_argument("--unmount-timeout", type=int, default=600,
                    help="seconds to wait for `ubiquityfs unmount` before --force")
     ap.add_argument("-q", "--quiet", action="store_true", help="no progress log")
@@ -957,7 +966,7 @@ def main(argv=None):
         for n in names:
             if n == "ubiquityfs":
                 t = UbiquityTarget(cfg.workdir, cfg.bin, cfg.unmount_timeout,
-                                   shlex.split(cfg.ubq_args))
+                                   shlex.split(cfg.ubq_args), cfg.mount_timeout)
             elif n == "bindfs":
                 t = BindfsTarget(cfg.workdir, shlex.split(cfg.bindfs_args))
             else:

@@ -16,7 +16,7 @@ struct HandleTable: Sendable {
     struct Listing: Sendable {
         var ino: UInt64
         /// Snapshot of the directory, ordered by cookie (taken at opendir and at rewind).
-        var entries: [(name: String, ino: UInt64, cookie: UInt64)]
+        var entries: [(name: FileName, ino: UInt64, cookie: UInt64)]
     }
 
     var nextHandle: UInt64 = 1

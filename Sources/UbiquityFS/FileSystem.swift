@@ -48,9 +48,9 @@ public final class FileSystem: Sendable {
         if notify { hooks.localChangeRecorded() }
     }
 
-    static func checkName(_ name: String) throws {
-        guard !name.isEmpty, name != ".", name != "..", !name.contains("/") else { throw UbiquityError(EINVAL) }
-        guard name.utf8.count <= nameMax else { throw UbiquityError(ENAMETOOLONG) }
+    static func checkName(_ name: FileName) throws {
+        guard !name.isEmpty, name != ".", name != "..", !name.bytes.contains(0x2f) else { throw UbiquityError(EINVAL) }
+        guard name.count <= nameMax else { throw UbiquityError(ENAMETOOLONG) }
     }
 
     static func monotonicNow() -> UInt64 {
@@ -61,8 +61,8 @@ public final class FileSystem: Sendable {
 
     // MARK: - Lookup and attributes
 
-    public func lookup(parent: UInt64, name: String) throws -> EntryReply {
-        guard name.utf8.count <= Self.nameMax else { throw UbiquityError(ENAMETOOLONG) }
+    public func lookup(parent: UInt64, name: FileName) throws -> EntryReply {
+        guard name.count <= Self.nameMax else { throw UbiquityError(ENAMETOOLONG) }
         return try replica.withNamespace { ns in
             guard let dir = ns.node(parent) else { throw UbiquityError(ENOENT) }
             guard dir.kind == .directory else { throw UbiquityError(ENOTDIR) }
@@ -162,7 +162,7 @@ public final class FileSystem: Sendable {
 
     /// Create a node named `name` in `parent` with the caller as owner
     /// (group from a set-gid parent, which new directories inherit).
-    func makeNode(parent: UInt64, name: String, kind: NodeKind, mode: UInt32, caller: Caller,
+    func makeNode(parent: UInt64, name: FileName, kind: NodeKind, mode: UInt32, caller: Caller,
                   rdev: UInt64 = 0, target: String? = nil, prepare: ((UInt64) throws -> Void)? = nil) throws -> LocalNode {
         try Self.checkName(name)
         let node = try replica.withNamespace { ns -> LocalNode in
@@ -189,7 +189,7 @@ public final class FileSystem: Sendable {
         return node
     }
 
-    public func mknod(parent: UInt64, name: String, mode: UInt32, rdev: UInt64, caller: Caller) throws -> EntryReply {
+    public func mknod(parent: UInt64, name: FileName, mode: UInt32, rdev: UInt64, caller: Caller) throws -> EntryReply {
         guard let kind = NodeKind(typeBits: mode), kind != .directory, kind != .symlink else { throw UbiquityError(EINVAL) }
         let node = try makeNode(parent: parent, name: name, kind: kind, mode: mode, caller: caller,
                                 rdev: (kind == .charDevice || kind == .blockDevice) ? rdev : 0,
@@ -197,16 +197,16 @@ public final class FileSystem: Sendable {
         return entryReply(node)
     }
 
-    public func mkdir(parent: UInt64, name: String, mode: UInt32, caller: Caller) throws -> EntryReply {
+    public func mkdir(parent: UInt64, name: FileName, mode: UInt32, caller: Caller) throws -> EntryReply {
         entryReply(try makeNode(parent: parent, name: name, kind: .directory, mode: mode, caller: caller))
     }
 
-    public func symlink(target: String, parent: UInt64, name: String, caller: Caller) throws -> EntryReply {
+    public func symlink(target: String, parent: UInt64, name: FileName, caller: Caller) throws -> EntryReply {
         guard target.utf8.count < 4096 else { throw UbiquityError(ENAMETOOLONG) }
         return entryReply(try makeNode(parent: parent, name: name, kind: .symlink, mode: 0o777, caller: caller, target: target))
     }
 
-    public func create(parent: UInt64, name: String, mode: UInt32, flags: Int32, caller: Caller) throws -> (EntryReply, OpenReply) {
+    public func create(parent: UInt64, name: FileName, mode: UInt32, flags: Int32, caller: Caller) throws -> (EntryReply, OpenReply) {
         let node = try makeNode(parent: parent, name: name, kind: .file, mode: mode, caller: caller,
                                 prepare: { ino in try self.createCacheFile(ino) })
         do {
@@ -227,7 +227,7 @@ public final class FileSystem: Sendable {
         close(fd)
     }
 
-    public func link(ino: UInt64, newParent: UInt64, newName: String) throws -> EntryReply {
+    public func link(ino: UInt64, newParent: UInt64, newName: FileName) throws -> EntryReply {
         try Self.checkName(newName)
         let node = try replica.withNamespace { ns -> LocalNode in
             guard let node = ns.node(ino) else { throw UbiquityError(ENOENT) }
@@ -249,15 +249,15 @@ public final class FileSystem: Sendable {
 
     // MARK: - Removing and renaming
 
-    public func unlink(parent: UInt64, name: String) throws {
+    public func unlink(parent: UInt64, name: FileName) throws {
         try remove(parent: parent, name: name, directory: false)
     }
 
-    public func rmdir(parent: UInt64, name: String) throws {
+    public func rmdir(parent: UInt64, name: FileName) throws {
         try remove(parent: parent, name: name, directory: true)
     }
 
-    func remove(parent: UInt64, name: String, directory: Bool) throws {
+    func remove(parent: UInt64, name: FileName, directory: Bool) throws {
         let dropped = try replica.withNamespace { ns -> UInt64? in
             guard let ino = ns.lookup(parent, name), let node = ns.node(ino) else { throw UbiquityError(ENOENT) }
             if directory {
@@ -276,7 +276,7 @@ public final class FileSystem: Sendable {
         try commit()
     }
 
-    public func rename(parent: UInt64, name: String, newParent: UInt64, newName: String, flags: RenameFlags) throws {
+    public func rename(parent: UInt64, name: FileName, newParent: UInt64, newName: FileName, flags: RenameFlags) throws {
         try Self.checkName(newName)
         guard flags.isSubset(of: [.noReplace, .exchange]), flags != [.noReplace, .exchange] else { throw UbiquityError(EINVAL) }
         let dropped = try replica.withNamespace { ns -> UInt64? in

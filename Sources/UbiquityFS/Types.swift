@@ -77,7 +77,7 @@ public enum ReadReply: Sendable {
 }
 
 public struct DirectoryEntry: Sendable {
-    public var name: String
+    public var name: FileName
     public var ino: UInt64
     /// File type bits (S_IFDIR…).
     public var type: UInt32

@@ -72,6 +72,7 @@ enum Convert {
     }
 
     static func string(_ p: UnsafePointer<CChar>?) -> String { p.map { String(cString: $0) } ?? "" }
+    static func name(_ p: UnsafePointer<CChar>?) -> FileName { p.map { FileName(cString: $0) } ?? FileName(bytes: []) }
 
     static func timespec(_ t: Glibc.timespec) -> Timespec { Timespec(sec: Int64(t.tv_sec), nsec: Int64(t.tv_nsec)) }
 }
@@ -94,7 +95,7 @@ func makeOperations() -> fuse_lowlevel_ops {
 
     ops.lookup = { req, parent, name in
         let ctx = FUSEContext.from(req)
-        let name = Convert.string(name)
+        let name = Convert.name(name)
         ctx.serve(req, "lookup") {
             var e = Convert.entry(try ctx.fs.lookup(parent: UInt64(parent), name: name))
             fuse_reply_entry(req, &e)
@@ -154,7 +155,7 @@ func makeOperations() -> fuse_lowlevel_ops {
 
     ops.mknod = { req, parent, name, mode, rdev in
         let ctx = FUSEContext.from(req)
-        let name = Convert.string(name)
+        let name = Convert.name(name)
         ctx.serve(req, "mknod") {
             var e = Convert.entry(try ctx.fs.mknod(parent: UInt64(parent), name: name, mode: UInt32(mode),
                                                    rdev: UInt64(rdev), caller: FUSEContext.caller(req)))
@@ -164,7 +165,7 @@ func makeOperations() -> fuse_lowlevel_ops {
 
     ops.mkdir = { req, parent, name, mode in
         let ctx = FUSEContext.from(req)
-        let name = Convert.string(name)
+        let name = Convert.name(name)
         ctx.serve(req, "mkdir") {
             var e = Convert.entry(try ctx.fs.mkdir(parent: UInt64(parent), name: name, mode: UInt32(mode),
                                                    caller: FUSEContext.caller(req)))
@@ -174,7 +175,7 @@ func makeOperations() -> fuse_lowlevel_ops {
 
     ops.unlink = { req, parent, name in
         let ctx = FUSEContext.from(req)
-        let name = Convert.string(name)
+        let name = Convert.name(name)
         ctx.serve(req, "unlink") {
             try ctx.fs.unlink(parent: UInt64(parent), name: name)
             fuse_reply_err(req, 0)
@@ -183,7 +184,7 @@ func makeOperations() -> fuse_lowlevel_ops {
 
     ops.rmdir = { req, parent, name in
         let ctx = FUSEContext.from(req)
-        let name = Convert.string(name)
+        let name = Convert.name(name)
         ctx.serve(req, "rmdir") {
             try ctx.fs.rmdir(parent: UInt64(parent), name: name)
             fuse_reply_err(req, 0)
@@ -193,7 +194,7 @@ func makeOperations() -> fuse_lowlevel_ops {
     ops.symlink = { req, link, parent, name in
         let ctx = FUSEContext.from(req)
         let target = Convert.string(link)
-        let name = Convert.string(name)
+        let name = Convert.name(name)
         ctx.serve(req, "symlink") {
             var e = Convert.entry(try ctx.fs.symlink(target: target, parent: UInt64(parent), name: name,
                                                      caller: FUSEContext.caller(req)))
@@ -203,8 +204,8 @@ func makeOperations() -> fuse_lowlevel_ops {
 
     ops.rename = { req, parent, name, newParent, newName, flags in
         let ctx = FUSEContext.from(req)
-        let name = Convert.string(name)
-        let newName = Convert.string(newName)
+        let name = Convert.name(name)
+        let newName = Convert.name(newName)
         ctx.serve(req, "rename") {
             try ctx.fs.rename(parent: UInt64(parent), name: name, newParent: UInt64(newParent), newName: newName,
                               flags: RenameFlags(rawValue: flags))
@@ -214,7 +215,7 @@ func makeOperations() -> fuse_lowlevel_ops {
 
     ops.link = { req, ino, newParent, newName in
         let ctx = FUSEContext.from(req)
-        let newName = Convert.string(newName)
+        let newName = Convert.name(newName)
         ctx.serve(req, "link") {
             var e = Convert.entry(try ctx.fs.link(ino: UInt64(ino), newParent: UInt64(newParent), newName: newName))
             fuse_reply_entry(req, &e)
@@ -239,7 +240,7 @@ func makeOperations() -> fuse_lowlevel_ops {
     ops.create = { req, parent, name, mode, fi in
         let ctx = FUSEContext.from(req)
         guard let fi else { fuse_reply_err(req, EINVAL); return }
-        let name = Convert.string(name)
+        let name = Convert.name(name)
         let flags = fi.pointee.flags
         ctx.serve(req, "create") {
             let (entry, opened) = try ctx.fs.create(parent: UInt64(parent), name: name, mode: UInt32(mode),

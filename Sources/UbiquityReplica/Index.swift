@@ -41,9 +41,9 @@ final class Index: Sendable {
                   content_gen INTEGER NOT NULL, pushed_gen INTEGER NOT NULL,
                   version INTEGER NOT NULL, change INTEGER NOT NULL, pushed INTEGER NOT NULL,
                   unlinked INTEGER NOT NULL);
-                CREATE TABLE entry(parent INTEGER NOT NULL, name TEXT NOT NULL, child INTEGER NOT NULL,
+                CREATE TABLE entry(parent INTEGER NOT NULL, name BLOB NOT NULL, child INTEGER NOT NULL,
                   PRIMARY KEY(parent, name)) WITHOUT ROWID;
-                CREATE TABLE pending_entry(parent INTEGER NOT NULL, name TEXT NOT NULL, change INTEGER NOT NULL,
+                CREATE TABLE pending_entry(parent INTEGER NOT NULL, name BLOB NOT NULL, change INTEGER NOT NULL,
                   PRIMARY KEY(parent, name)) WITHOUT ROWID;
                 CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
                 """)
@@ -73,16 +73,16 @@ final class Index: Sendable {
                     try db.cachedStatement(sql: "DELETE FROM node WHERE ino = ?").execute(arguments: [Int64(bitPattern: ino)])
                 case .entry(let parent, let name, let child):
                     try db.cachedStatement(sql: "INSERT OR REPLACE INTO entry VALUES (?,?,?)")
-                        .execute(arguments: [Int64(bitPattern: parent), name, Int64(bitPattern: child)])
+                        .execute(arguments: [Int64(bitPattern: parent), Data(name.bytes), Int64(bitPattern: child)])
                 case .removeEntry(let parent, let name):
                     try db.cachedStatement(sql: "DELETE FROM entry WHERE parent = ? AND name = ?")
-                        .execute(arguments: [Int64(bitPattern: parent), name])
+                        .execute(arguments: [Int64(bitPattern: parent), Data(name.bytes)])
                 case .pendingEntry(let parent, let name, let change):
                     try db.cachedStatement(sql: "INSERT OR REPLACE INTO pending_entry VALUES (?,?,?)")
-                        .execute(arguments: [Int64(bitPattern: parent), name, Int64(bitPattern: change)])
+                        .execute(arguments: [Int64(bitPattern: parent), Data(name.bytes), Int64(bitPattern: change)])
                 case .clearPendingEntry(let parent, let name):
                     try db.cachedStatement(sql: "DELETE FROM pending_entry WHERE parent = ? AND name = ?")
-                        .execute(arguments: [Int64(bitPattern: parent), name])
+                        .execute(arguments: [Int64(bitPattern: parent), Data(name.bytes)])
                 case .meta(let key, let value):
                     try db.cachedStatement(sql: "INSERT OR REPLACE INTO meta VALUES (?,?)").execute(arguments: [key, value])
                 }
@@ -134,7 +134,7 @@ final class Index: Sendable {
                 let parent = UInt64(bitPattern: row[0])
                 let child = UInt64(bitPattern: row[2])
                 guard ns.nodes[parent] != nil, ns.nodes[child] != nil else { continue }
-                ns.children[parent, default: [:]][row[1]] = DirEntry(ino: child, cookie: ns.nextCookie)
+                ns.children[parent, default: [:]][FileName(bytes: Array(row[1] as Data))] = DirEntry(ino: child, cookie: ns.nextCookie)
                 ns.nextCookie += 1
                 if ns.nodes[child]!.kind == .directory {
                     ns.nodes[parent]!.nlink += 1
@@ -149,7 +149,7 @@ final class Index: Sendable {
             let pending = try Row.fetchCursor(db, sql: "SELECT parent, name, change FROM pending_entry")
             while let row = try pending.next() {
                 let change = UInt64(bitPattern: row[2])
-                ns.pendingEntries[EntryKey(parent: UInt64(bitPattern: row[0]), name: row[1])] = change
+                ns.pendingEntries[EntryKey(parent: UInt64(bitPattern: row[0]), name: FileName(bytes: Array(row[1] as Data)))] = change
                 ns.changeCounter = max(ns.changeCounter, change)
             }
             if let next = try String.fetchOne(db, sql: "SELECT value FROM meta WHERE key = 'next_ino'"), let n = UInt64(next) {

@@ -87,8 +87,8 @@ public struct DirEntry: Sendable {
 
 public struct EntryKey: Hashable, Sendable {
     public var parent: UInt64
-    public var name: String
-    public init(parent: UInt64, name: String) {
+    public var name: FileName
+    public init(parent: UInt64, name: FileName) {
         self.parent = parent
         self.name = name
     }

@@ -11,7 +11,7 @@ import UbiquityStore
 /// sync engine must push (`change` counters, `pendingEntries`).
 public struct Namespace: Sendable {
     public internal(set) var nodes: [UInt64: LocalNode] = [:]
-    public internal(set) var children: [UInt64: [String: DirEntry]] = [:]
+    public internal(set) var children: [UInt64: [FileName: DirEntry]] = [:]
     public internal(set) var inoByID: [NodeID: UInt64] = [:]
     /// The one entry's parent of each linked directory (directories have no hard links).
     public internal(set) var directoryParent: [UInt64: UInt64] = [:]
@@ -36,9 +36,9 @@ public struct Namespace: Sendable {
 
     public func node(_ ino: UInt64) -> LocalNode? { nodes[ino] }
 
-    public func lookup(_ parent: UInt64, _ name: String) -> UInt64? { children[parent]?[name]?.ino }
+    public func lookup(_ parent: UInt64, _ name: FileName) -> UInt64? { children[parent]?[name]?.ino }
 
-    public func entries(of dir: UInt64) -> [String: DirEntry] { children[dir] ?? [:] }
+    public func entries(of dir: UInt64) -> [FileName: DirEntry] { children[dir] ?? [:] }
 
     // MARK: Primitives that record their effect
 
@@ -106,7 +106,7 @@ public struct Namespace: Sendable {
 
     /// Link `ino` as `name` in `parent`, replacing whatever was there (the
     /// caller has dealt with the replaced node via `unlinkEntry` first).
-    public mutating func linkEntry(_ parent: UInt64, _ name: String, _ ino: UInt64, local: Bool = true) {
+    public mutating func linkEntry(_ parent: UInt64, _ name: FileName, _ ino: UInt64, local: Bool = true) {
         let cookie = nextCookie
         nextCookie += 1
         children[parent, default: [:]][name] = DirEntry(ino: ino, cookie: cookie)
@@ -127,7 +127,7 @@ public struct Namespace: Sendable {
 
     /// Remove the entry `name` from `parent`; returns the node it named.
     @discardableResult
-    public mutating func unlinkEntry(_ parent: UInt64, _ name: String, local: Bool = true) -> UInt64? {
+    public mutating func unlinkEntry(_ parent: UInt64, _ name: FileName, local: Bool = true) -> UInt64? {
         guard let entry = children[parent]?.removeValue(forKey: name) else { return nil }
         let ino = entry.ino
         if let kind = nodes[ino]?.kind {
@@ -155,7 +155,7 @@ public struct Namespace: Sendable {
         UInt32(children[dir]?.values.reduce(0) { $0 + (nodes[$1.ino]?.kind == .directory ? 1 : 0) } ?? 0)
     }
 
-    mutating func markEntryPending(_ parent: UInt64, _ name: String) {
+    mutating func markEntryPending(_ parent: UInt64, _ name: FileName) {
         let key = EntryKey(parent: parent, name: name)
         let change = nextChange()
         pendingEntries[key] = change
@@ -241,7 +241,7 @@ public struct Namespace: Sendable {
         for (parent, entries) in children {
             for (name, entry) in entries where entry.ino == ino {
                 guard let up = path(of: parent) else { return nil }
-                return up == "/" ? "/" + name : up + "/" + name
+                return up == "/" ? "/\(name)" : "\(up)/\(name)"
             }
         }
         return nil
@@ -252,9 +252,9 @@ public struct Namespace: Sendable {
 enum IndexOp: Sendable {
     case node(LocalNode)
     case removeNode(UInt64)
-    case entry(parent: UInt64, name: String, child: UInt64)
-    case removeEntry(parent: UInt64, name: String)
-    case pendingEntry(parent: UInt64, name: String, change: UInt64)
-    case clearPendingEntry(parent: UInt64, name: String)
+    case entry(parent: UInt64, name: FileName, child: UInt64)
+    case removeEntry(parent: UInt64, name: FileName)
+    case pendingEntry(parent: UInt64, name: FileName, change: UInt64)
+    case clearPendingEntry(parent: UInt64, name: FileName)
     case meta(key: String, value: String)
 }

@@ -95,13 +95,50 @@ public struct NodeState: Codable, Hashable, Sendable {
 /// One change inside a change set. Receivers apply all `node` changes
 /// first, then `entry` changes, then `deleteNode` changes, so a change set
 /// never references a node it has not described.
-public enum Change: Codable, Hashable, Sendable {
+public enum Change: Hashable, Sendable {
     /// Create or update a node to exactly this state.
     case node(NodeState)
     /// Set (`child != nil`) or remove (`child == nil`) the entry `name` in `parent`.
-    case entry(parent: NodeID, name: String, child: NodeID?)
+    case entry(parent: NodeID, name: FileName, child: NodeID?)
     /// The node has no entries left anywhere: forget it.
     case deleteNode(id: NodeID, base: UInt64)
+}
+
+/// In the journal a change is one flat JSON object tagged by `op`:
+/// `{"op":"node", …NodeState}`, `{"op":"entry","parent","name","child"}`
+/// (no `child`: removal), `{"op":"delete","id","base"}`.
+extension Change: Codable {
+    private enum Keys: String, CodingKey { case op, parent, name, child, id, base }
+
+    public init(from decoder: any Decoder) throws {
+        let c = try decoder.container(keyedBy: Keys.self)
+        switch try c.decode(String.self, forKey: .op) {
+        case "node": self = .node(try NodeState(from: decoder))
+        case "entry":
+            self = .entry(parent: try c.decode(NodeID.self, forKey: .parent), name: try c.decode(FileName.self, forKey: .name),
+                          child: try c.decodeIfPresent(NodeID.self, forKey: .child))
+        case "delete": self = .deleteNode(id: try c.decode(NodeID.self, forKey: .id), base: try c.decode(UInt64.self, forKey: .base))
+        case let op: throw DecodingError.dataCorruptedError(forKey: .op, in: c, debugDescription: "unknown change '\(op)'")
+        }
+    }
+
+    public func encode(to encoder: any Encoder) throws {
+        var c = encoder.container(keyedBy: Keys.self)
+        switch self {
+        case .node(let state):
+            try c.encode("node", forKey: .op)
+            try state.encode(to: encoder)
+        case .entry(let parent, let name, let child):
+            try c.encode("entry", forKey: .op)
+            try c.encode(parent, forKey: .parent)
+            try c.encode(name, forKey: .name)
+            try c.encodeIfPresent(child, forKey: .child)
+        case .deleteNode(let id, let base):
+            try c.encode("delete", forKey: .op)
+            try c.encode(id, forKey: .id)
+            try c.encode(base, forKey: .base)
+        }
+    }
 }
 
 /// One committed journal record: everything one device pushed at once.
