@@ -70,7 +70,7 @@ extension FileSystem {
                 if writable { $0.openWriters += 1 }
             }
             if writable && !created {
-                ns.beginContentChange(ino)
+                ns.beginContentChange(ino, monotonic: Self.monotonicNow())
                 if flags & O_TRUNC != 0 { ns.contentChanged(ino, size: 0, time: now, monotonic: Self.monotonicNow()) }
             }
         }

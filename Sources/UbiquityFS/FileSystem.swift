@@ -145,7 +145,7 @@ public final class FileSystem: Sendable {
         }
         let now = Timespec.now()
         replica.withNamespace { ns in
-            ns.beginContentChange(ino)
+            ns.beginContentChange(ino, monotonic: Self.monotonicNow())
             ns.contentChanged(ino, size: size, time: now, monotonic: Self.monotonicNow())
         }
     }
@@ -179,7 +179,7 @@ public final class FileSystem: Sendable {
             let ino = ns.createNode(kind: kind, mode: permissions, uid: caller.uid, gid: gid, rdev: rdev,
                                     target: target, time: now)
             try prepare?(ino)
-            if kind == .file { ns.beginContentChange(ino) }
+            if kind == .file { ns.beginContentChange(ino, monotonic: Self.monotonicNow()) }
             ns.linkEntry(parent, name, ino)
             ns.update(parent) { $0.mtime = now; $0.ctime = now }
             ns.updateRuntime(ino) { $0.lookups += 1 }

@@ -81,19 +81,22 @@ public struct Namespace: Sendable {
         nodes[ino]!.mtime = time
         nodes[ino]!.ctime = time
         nodes[ino]!.lastContentChange = monotonic
+        // Every change moves the generation: a snapshot taken across it is torn.
         if nodes[ino]!.contentGeneration <= nodes[ino]!.pushedGeneration {
-            nodes[ino]!.contentGeneration = nodes[ino]!.pushedGeneration + 1
             nodes[ino]!.change = nextChange()
         }
+        nodes[ino]!.contentGeneration += 1
+        pushWork &+= 1
         dirtyRows.insert(ino)
     }
 
     /// Mark the content as changing (an open for writing): persisted before
     /// the open is acknowledged, so a crash never leaves modified content
     /// that the index believes clean.
-    public mutating func beginContentChange(_ ino: UInt64) {
+    public mutating func beginContentChange(_ ino: UInt64, monotonic: UInt64) {
         guard nodes[ino] != nil else { return }
         nodes[ino]!.contentGeneration += 1
+        nodes[ino]!.lastContentChange = monotonic
         nodes[ino]!.change = nextChange()
         dirtyRows.insert(ino)
     }

@@ -194,7 +194,7 @@ class Workload:
         self.chmod(files[12], 0o755)
         self.chmod("d5", 0o700)
         # Extended attributes: binary value, a large one, one set then removed.
-        self.setxattr(files[13], "user.ubiquity.test", b"\x00binary\xffvalue")
+        self.setxattr(files[13], "user.app.test", b"\x00binary\xffvalue")
         self.setxattr(files[14], "user.big", bytes(range(256)) * 8)
         self.setxattr(files[15], "user.gone", b"x")
         self.setxattr(files[15], "user.kept", b"kept")
