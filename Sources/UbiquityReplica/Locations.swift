@@ -50,6 +50,11 @@ public struct DeviceIdentity: Codable, Sendable {
     public var id: String
     public var name: String
 
+    public init(id: String, name: String) {
+        self.id = id
+        self.name = name
+    }
+
     /// Load `device.json` under `dataHome`, creating it on first use.
     public static func load(dataHome: URL) throws -> DeviceIdentity {
         let url = dataHome.appendingPathComponent("device.json")

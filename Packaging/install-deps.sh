@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Install the Debian packages UbiquityFS needs to build, run and test.
+# Idempotent; run as root (or with sudo).
+set -euo pipefail
+packages=(
+  # build and run
+  libfuse3-dev fuse3 libsqlite3-dev pkg-config
+  # tests: real tools on the mount, and the peer for benchmarks
+  vim git sqlite3 rsync tar attr bindfs python3
+)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+[ -e /dev/fuse ] || { echo "install-deps: /dev/fuse is missing; FUSE mounts cannot work here" >&2; exit 1; }

@@ -1,0 +1,111 @@
+import Foundation
+import Synchronization
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// A store held in memory: the reference implementation of the `Store`
+/// protocol's semantics, for core and model tests.
+public final class InMemoryStore: Store {
+    struct State {
+        var configs: [String: ContainerConfig] = [:]
+        var journals: [String: [UInt64: Data]] = [:]
+        var blobs: [String: Data] = [:]
+    }
+
+    public let storeID = UUID().uuidString.lowercased()
+    let state = Mutex(State())
+
+    public init() {}
+
+    public func containerConfig(_ container: String) throws -> ContainerConfig? {
+        state.withLock { $0.configs[container] }
+    }
+
+    public func createContainer(_ config: ContainerConfig) throws {
+        try ContainerConfig.validate(id: config.id)
+        state.withLock { $0.configs[config.id] = config }
+    }
+
+    public func commit(container: String, seq: UInt64, changeSet: ChangeSet) throws -> Bool {
+        let data = try JSONEncoder().encode(changeSet)
+        return state.withLock { s in
+            if s.journals[container, default: [:]][seq] != nil { return false }
+            s.journals[container, default: [:]][seq] = data
+            return true
+        }
+    }
+
+    public func journal(container: String, after seq: UInt64, limit: Int) throws -> [(seq: UInt64, changeSet: ChangeSet)] {
+        let records: [(UInt64, Data)] = state.withLock { s in
+            var out: [(UInt64, Data)] = []
+            var next = seq + 1
+            while out.count < limit, let data = s.journals[container]?[next] {
+                out.append((next, data))
+                next += 1
+            }
+            return out
+        }
+        return try records.map { ($0.0, try JSONDecoder().decode(ChangeSet.self, from: $0.1)) }
+    }
+
+    public func hasBlob(_ hash: String) throws -> Bool { state.withLock { $0.blobs[hash] != nil } }
+
+    public func putBlob(_ hash: String, from source: URL) throws {
+        let data = try Data(contentsOf: source)
+        guard ContentCopy.hash(of: data) == hash else { throw UbiquityError(EIO, "content changed while uploading") }
+        state.withLock { $0.blobs[hash] = data }
+    }
+
+    public func fetchBlob(_ hash: String, to destination: URL, progress: (UInt64) -> Void) throws {
+        guard let data = state.withLock({ $0.blobs[hash] }) else { throw UbiquityError(EIO, "blob \(hash) missing from store") }
+        guard ContentCopy.hash(of: data) == hash else { throw UbiquityError(EIO, "blob \(hash) in the store is damaged") }
+        try data.write(to: destination)
+        progress(UInt64(data.count))
+    }
+
+    /// Test helper: replace a blob's bytes (to simulate damage in the store).
+    public func corruptBlob(_ hash: String, with data: Data) {
+        state.withLock { $0.blobs[hash] = data }
+    }
+
+    public var journalLength: Int { state.withLock { $0.journals.values.reduce(0) { $0 + $1.count } } }
+}
+
+/// Wraps a store and fails chosen operations, for fault-injection tests.
+public final class FaultyStore: Store {
+    public enum Operation: Sendable, Hashable { case commit, journal, putBlob, fetchBlob }
+
+    let base: any Store
+    let failing = Mutex<Set<Operation>>([])
+    public var storeID: String { base.storeID }
+
+    public init(_ base: any Store) { self.base = base }
+
+    /// Make `operations` fail with EHOSTDOWN (the store is unreachable) until cleared.
+    public func fail(_ operations: Set<Operation>) { failing.withLock { $0 = operations } }
+
+    func check(_ operation: Operation) throws {
+        if failing.withLock({ $0.contains(operation) }) { throw UbiquityError(EHOSTDOWN, "injected fault: store unreachable") }
+    }
+
+    public func containerConfig(_ container: String) throws -> ContainerConfig? { try base.containerConfig(container) }
+    public func createContainer(_ config: ContainerConfig) throws { try base.createContainer(config) }
+    public func commit(container: String, seq: UInt64, changeSet: ChangeSet) throws -> Bool {
+        try check(.commit)
+        return try base.commit(container: container, seq: seq, changeSet: changeSet)
+    }
+    public func journal(container: String, after seq: UInt64, limit: Int) throws -> [(seq: UInt64, changeSet: ChangeSet)] {
+        try check(.journal)
+        return try base.journal(container: container, after: seq, limit: limit)
+    }
+    public func hasBlob(_ hash: String) throws -> Bool { try base.hasBlob(hash) }
+    public func putBlob(_ hash: String, from source: URL) throws {
+        try check(.putBlob)
+        try base.putBlob(hash, from: source)
+    }
+    public func fetchBlob(_ hash: String, to destination: URL, progress: (UInt64) -> Void) throws {
+        try check(.fetchBlob)
+        try base.fetchBlob(hash, to: destination, progress: progress)
+    }
+}

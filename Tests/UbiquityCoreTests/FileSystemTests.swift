@@ -1,0 +1,154 @@
+import Foundation
+import Testing
+import UbiquityFS
+import UbiquityReplica
+import UbiquityStore
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// The filesystem core without a kernel: POSIX rules the core itself enforces.
+@Suite struct FileSystemTests {
+    func withDevice(_ body: (TestDevice) throws -> Void) throws {
+        let device = try TestDevice(store: InMemoryStore())
+        defer { device.cleanUp() }
+        try body(device)
+    }
+
+    func errno(_ body: () throws -> Void) -> Int32? {
+        do { try body(); return nil } catch let e as UbiquityError { return e.errno } catch { return -1 }
+    }
+
+    @Test func createWriteReadBack() throws {
+        try withDevice { d in
+            try d.write("a.txt", "hello")
+            #expect(try d.read("a.txt") == "hello")
+            #expect(try d.fs.getattr(ino: try d.resolve("a.txt")).size == 5)
+        }
+    }
+
+    @Test func namesAreExactBytes() throws {
+        try withDevice { d in
+            try d.write("caf\u{e9}", "nfc")           // é precomposed
+            try d.write("cafe\u{301}", "nfd")         // e + combining acute
+            #expect(try d.read("caf\u{e9}") == "nfc")
+            #expect(try d.read("cafe\u{301}") == "nfd")
+            #expect(try d.list("").count == 2)
+        }
+    }
+
+    @Test func renameRules() throws {
+        try withDevice { d in
+            try d.mkdir("dir")
+            try d.mkdir("dir/sub")
+            try d.mkdir("full")
+            try d.write("full/x", "x")
+            try d.write("f", "f")
+            let root = Namespace.rootIno
+            let dir = try d.resolve("dir")
+            let sub = try d.resolve("dir/sub")
+            #expect(errno { try d.fs.rename(parent: root, name: "dir", newParent: sub, newName: "loop", flags: []) } == EINVAL)
+            #expect(errno { try d.fs.rename(parent: root, name: "dir", newParent: root, newName: "full", flags: []) } == ENOTEMPTY)
+            #expect(errno { try d.fs.rename(parent: root, name: "f", newParent: root, newName: "dir", flags: []) } == EISDIR)
+            #expect(errno { try d.fs.rename(parent: root, name: "dir", newParent: root, newName: "f", flags: []) } == ENOTDIR)
+            #expect(errno { try d.fs.rename(parent: root, name: "f", newParent: root, newName: "full", flags: .noReplace) } == EEXIST)
+            try d.fs.rename(parent: root, name: "f", newParent: root, newName: "full", flags: .exchange)
+            #expect(try d.read("full") == "f")
+            #expect(try d.read("f/x") == "x")
+            try d.fs.rename(parent: dir, name: "sub", newParent: root, newName: "moved", flags: [])
+            #expect(try d.fs.getattr(ino: dir).nlink == 2)
+            #expect(try d.list("").contains("moved"))
+        }
+    }
+
+    @Test func unlinkedOpenFileStaysReadableUntilRelease() throws {
+        try withDevice { d in
+            let ino = try d.write("gone", "still here")
+            let handle = try d.fs.open(ino: ino, flags: O_RDONLY).handle
+            try d.fs.unlink(parent: Namespace.rootIno, name: "gone")
+            #expect(errno { _ = try d.fs.lookup(parent: Namespace.rootIno, name: "gone") } == ENOENT)
+            #expect(try d.fs.getattr(ino: ino).nlink == 0)
+            guard case .fileRange(let fd, _, _) = try d.fs.read(handle: handle, offset: 0, size: 10) else { Issue.record("no range"); return }
+            var buffer = [UInt8](repeating: 0, count: 10)
+            #expect(pread(fd, &buffer, 10, 0) == 10)
+            #expect(String(decoding: buffer, as: UTF8.self) == "still here")
+            try d.fs.release(handle: handle)
+        }
+    }
+
+    @Test func hardLinksShareOneNode() throws {
+        try withDevice { d in
+            let ino = try d.write("a", "shared")
+            let linked = try d.fs.link(ino: ino, newParent: Namespace.rootIno, newName: "b")
+            #expect(linked.ino == ino)
+            #expect(linked.attributes.nlink == 2)
+            try d.fs.unlink(parent: Namespace.rootIno, name: "a")
+            #expect(try d.read("b") == "shared")
+            #expect(try d.fs.getattr(ino: ino).nlink == 1)
+            try d.mkdir("dir")
+            #expect(errno { _ = try d.fs.link(ino: try d.resolve("dir"), newParent: Namespace.rootIno, newName: "dl") } == EPERM)
+        }
+    }
+
+    @Test func xattrFlagsAndReservedNames() throws {
+        try withDevice { d in
+            let ino = try d.write("x", "")
+            try d.fs.setxattr(ino: ino, name: "user.a", value: Data([0, 255]), flags: 0)
+            #expect(errno { try d.fs.setxattr(ino: ino, name: "user.a", value: Data(), flags: FileSystem.xattrCreate) } == EEXIST)
+            #expect(errno { try d.fs.setxattr(ino: ino, name: "user.b", value: Data(), flags: FileSystem.xattrReplace) } == ENODATA)
+            #expect(errno { try d.fs.setxattr(ino: ino, name: "user.ubiquity.status", value: Data(), flags: 0) } == EPERM)
+            #expect(errno { try d.fs.setxattr(ino: ino, name: "security.selinux", value: Data(), flags: 0) } == EOPNOTSUPP)
+            #expect(try d.fs.getxattr(ino: ino, name: "user.a") == Data([0, 255]))
+            #expect(try d.fs.listxattr(ino: ino) == ["user.a"])
+            try d.fs.removexattr(ino: ino, name: "user.a")
+            #expect(errno { _ = try d.fs.getxattr(ino: ino, name: "user.a") } == ENODATA)
+        }
+    }
+
+    @Test func readdirOffsetsSurviveConcurrentChanges() throws {
+        try withDevice { d in
+            for i in 0..<50 { try d.write("f\(i)", "") }
+            let handle = try d.fs.opendir(ino: Namespace.rootIno)
+            defer { d.fs.releasedir(handle: handle) }
+            var seen: [String] = []
+            var offset: Int64 = 0
+            var round = 0
+            while true {
+                let page = try d.fs.readdir(handle: handle, offset: offset, limit: 7, plus: false)
+                if page.isEmpty { break }
+                seen += page.map(\.name.description)
+                offset = page.last!.nextOffset
+                // Churn between pages: remove an entry not yet listed, add new ones.
+                try? d.fs.unlink(parent: Namespace.rootIno, name: FileName("f\(49 - round)"))
+                try d.write("new\(round)", "")
+                round += 1
+            }
+            let names = seen.filter { $0 != "." && $0 != ".." }
+            #expect(Set(names).count == names.count, "no entry listed twice")
+            let stable = (0..<50).map { "f\($0)" }.filter { name in
+                try! d.list("").contains(name)
+            }
+            #expect(stable.allSatisfy { names.contains($0) }, "every entry present throughout was listed")
+        }
+    }
+
+    @Test func nameLimits() throws {
+        try withDevice { d in
+            let long = String(repeating: "a", count: 255)
+            try d.write(long, "ok")
+            #expect(errno { try d.write(String(repeating: "b", count: 256), "") } == ENAMETOOLONG)
+        }
+    }
+
+    @Test func setgidDirectoryGivesItsGroup() throws {
+        try withDevice { d in
+            let dir = try d.fs.mkdir(parent: Namespace.rootIno, name: "shared", mode: 0o2775, caller: .root)
+            _ = try d.fs.setattr(ino: dir.ino, changes: AttributeChanges(mode: 0o2775, gid: 500), handle: nil)
+            let user = Caller(uid: 1000, gid: 1000, pid: 1)
+            let file = try d.fs.mknod(parent: dir.ino, name: "f", mode: UInt32(S_IFREG) | 0o644, rdev: 0, caller: user)
+            let sub = try d.fs.mkdir(parent: dir.ino, name: "sub", mode: 0o755, caller: user)
+            #expect(file.attributes.uid == 1000 && file.attributes.gid == 500)
+            #expect(sub.attributes.gid == 500 && sub.attributes.mode & UInt32(S_ISGID) != 0)
+        }
+    }
+}

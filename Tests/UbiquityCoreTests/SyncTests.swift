@@ -1,0 +1,184 @@
+import Foundation
+import Testing
+import UbiquityFS
+import UbiquityReplica
+import UbiquityStore
+import UbiquitySync
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Push and pull through a store, without a kernel.
+@Suite struct SyncTests {
+    @Test func secondDeviceRebuildsTheTreeFromTheStore() throws {
+        let store = InMemoryStore()
+        let a = try TestDevice(store: store, name: "a")
+        defer { a.cleanUp() }
+        try a.mkdir("docs")
+        try a.write("docs/one.txt", "first")
+        try a.write("two.txt", "second", mode: 0o600)
+        _ = try a.fs.symlink(target: "docs/one.txt", parent: Namespace.rootIno, name: "link", caller: .root)
+        _ = try a.fs.link(ino: try a.resolve("two.txt"), newParent: try a.resolve("docs"), newName: "hard", )
+        try a.fs.setxattr(ino: try a.resolve("two.txt"), name: "user.tag", value: Data("v".utf8), flags: 0)
+        try a.fs.rename(parent: Namespace.rootIno, name: "two.txt", newParent: Namespace.rootIno, newName: "2.txt", flags: [])
+        try a.engine.drain(progress: { _, _ in })
+        #expect(a.replica.withNamespace { $0.pendingSummary().items } == 0)
+
+        let b = try TestDevice(store: store, name: "b")
+        defer { b.cleanUp() }
+        try b.engine.pull()
+        #expect(try b.tree() == a.tree())
+        #expect(try b.fs.getxattr(ino: try b.resolve("2.txt"), name: "user.tag") == Data("v".utf8))
+        #expect(try b.fs.getattr(ino: try b.resolve("2.txt")).nlink == 2)
+    }
+
+    @Test func deletionsAndMovesPropagate() throws {
+        let store = InMemoryStore()
+        let a = try TestDevice(store: store, name: "a")
+        let b = try TestDevice(store: store, name: "b")
+        defer { a.cleanUp(); b.cleanUp() }
+        try a.mkdir("x")
+        try a.mkdir("x/y")
+        try a.write("x/y/f", "data")
+        try a.write("gone", "bye")
+        try a.engine.drain(progress: { _, _ in })
+        try b.engine.pull()
+        #expect(try b.read("x/y/f") == "data")
+        try a.fs.rename(parent: try a.resolve("x"), name: "y", newParent: Namespace.rootIno, newName: "y2", flags: [])
+        try a.fs.unlink(parent: Namespace.rootIno, name: "gone")
+        try a.engine.drain(progress: { _, _ in })
+        try b.engine.pull()
+        #expect(try b.tree() == a.tree())
+        #expect(try b.list("") == ["x", "y2"])
+    }
+
+    @Test func aDamagedBlobIsNeverServed() throws {
+        let store = InMemoryStore()
+        let a = try TestDevice(store: store, name: "a")
+        let b = try TestDevice(store: store, name: "b")
+        defer { a.cleanUp(); b.cleanUp() }
+        try a.write("f", "precious")
+        try a.engine.drain(progress: { _, _ in })
+        let hash = ContentCopy.hash(of: Data("precious".utf8))
+        store.corruptBlob(hash, with: Data("tampered".utf8))
+        try b.engine.pull()
+        let ino = try b.resolve("f")
+        #expect(throws: UbiquityError.self) { _ = try b.fs.open(ino: ino, flags: O_RDONLY) }
+        #expect(b.engine.currentStatus.lastError != nil)
+    }
+
+    @Test func anUnreachableStoreKeepsTheQueue() throws {
+        let store = FaultyStore(InMemoryStore())
+        let a = try TestDevice(store: store, name: "a")
+        defer { a.cleanUp() }
+        store.fail([.commit, .putBlob])
+        try a.write("f", "queued")
+        #expect(throws: UbiquityError.self) { try a.engine.pushOnce(ignoreDelay: true) }
+        #expect(a.replica.withNamespace { $0.pendingSummary().items } > 0)
+        store.fail([])
+        try a.engine.drain(progress: { _, _ in })
+        #expect(a.replica.withNamespace { $0.pendingSummary().items } == 0)
+    }
+
+    @Test func contentUnderAnOpenWriterWaitsForTheLastClose() throws {
+        let store = InMemoryStore()
+        let a = try TestDevice(store: store, name: "a")
+        defer { a.cleanUp() }
+        let ino = try a.write("f", "v1")
+        let handle = try a.fs.open(ino: ino, flags: O_WRONLY).handle
+        // A writer is open: content must not be pushed, only metadata.
+        try a.engine.pushOnce(ignoreDelay: true)
+        let node = a.replica.withNamespace { $0.node(ino)! }
+        #expect(node.hasUnpushedContent)
+        #expect(node.hash == nil)
+        let bytes = Array("v2".utf8)
+        _ = try bytes.withUnsafeBytes { try a.fs.write(handle: handle, offset: 0, bytes: $0.baseAddress!, count: 2) }
+        try a.fs.release(handle: handle)
+        try a.engine.drain(progress: { _, _ in })
+        #expect(a.replica.withNamespace { $0.node(ino)!.hash } == ContentCopy.hash(of: Data("v2".utf8)))
+    }
+
+    @Test func losingTheCommitRaceCatchesUpAndRetries() throws {
+        let store = InMemoryStore()
+        let a = try TestDevice(store: store, name: "a")
+        let b = try TestDevice(store: store, name: "b")
+        defer { a.cleanUp(); b.cleanUp() }
+        try a.write("from-a", "a")
+        try b.write("from-b", "b")
+        try a.engine.drain(progress: { _, _ in })
+        try b.engine.drain(progress: { _, _ in })   // journal 1 is taken: b must pull then commit 2
+        try a.engine.pull()
+        #expect(try a.tree() == b.tree())
+        #expect(try a.list("") == ["from-a", "from-b"])
+    }
+}
+
+/// The replica's index survives a restart and the lock refuses a second daemon.
+@Suite struct ReplicaTests {
+    @Test func stateSurvivesReopenAndTheLockIsExclusive() throws {
+        let store = InMemoryStore()
+        let directory = FileManager.default.temporaryDirectory.appendingPathComponent("ubq-core-\(UUID().uuidString)")
+        defer { try? FileManager.default.removeItem(at: directory) }
+        var ino: UInt64 = 0
+        do {
+            let a = try TestDevice(store: store, name: "a", directory: directory)
+            ino = try a.write("kept", "across restarts")
+            #expect(throws: UbiquityError.self) { _ = try Replica(directory: directory, rootOwner: (0, 0)) }
+        }
+        let again = try TestDevice(store: store, name: "a", directory: directory)
+        #expect(try again.read("kept") == "across restarts")
+        #expect(try again.resolve("kept") == ino, "inode numbers are stable")
+        #expect(again.replica.withNamespace { $0.pendingSummary().items } > 0, "the unpushed queue survived")
+        let fresh = try again.write("new", "")
+        #expect(fresh > ino, "inode numbers are never reused")
+    }
+}
+
+@Suite struct FolderStoreTests {
+    func temp() -> URL { FileManager.default.temporaryDirectory.appendingPathComponent("ubq-store-\(UUID().uuidString)") }
+
+    @Test func commitsAreExclusive() throws {
+        let root = temp()
+        defer { try? FileManager.default.removeItem(at: root) }
+        let store = try FolderStore(root: root, create: true, initializeEmpty: true)
+        try store.createContainer(ContainerConfig(id: "com.example.a", displayName: "A"))
+        let set = ChangeSet(device: "d", deviceName: "d", changes: [.entry(parent: .root, name: "n", child: nil)])
+        #expect(try store.commit(container: "com.example.a", seq: 1, changeSet: set))
+        #expect(try !store.commit(container: "com.example.a", seq: 1, changeSet: set))
+        let records = try store.journal(container: "com.example.a", after: 0, limit: 10)
+        #expect(records.count == 1 && records[0].changeSet.changes == set.changes)
+    }
+
+    @Test func refusesWhatIsNotAStore() throws {
+        let root = temp()
+        defer { try? FileManager.default.removeItem(at: root) }
+        #expect(throws: UbiquityError.self) { _ = try FolderStore(root: root, create: false, initializeEmpty: true) }
+        try FileManager.default.createDirectory(at: root, withIntermediateDirectories: true)
+        try Data("x".utf8).write(to: root.appendingPathComponent("unrelated"))
+        #expect(throws: UbiquityError.self) { _ = try FolderStore(root: root, create: false, initializeEmpty: true) }
+        try Data("{broken".utf8).write(to: root.appendingPathComponent(FolderStore.markerName))
+        #expect(throws: UbiquityError.self) { _ = try FolderStore(root: root, create: false, initializeEmpty: true) }
+    }
+
+    @Test func damagedBlobsAreDetected() throws {
+        let root = temp()
+        defer { try? FileManager.default.removeItem(at: root) }
+        let store = try FolderStore(root: root, create: true, initializeEmpty: true)
+        let source = root.appendingPathComponent("tmp/src")
+        try Data("content".utf8).write(to: source)
+        let hash = ContentCopy.hash(of: Data("content".utf8))
+        try store.putBlob(hash, from: source)
+        let blob = root.appendingPathComponent("blobs/\(hash.prefix(2))/\(hash)")
+        chmod(blob.path, 0o644)
+        try Data("CONTENT".utf8).write(to: blob)
+        #expect(throws: UbiquityError.self) {
+            try store.fetchBlob(hash, to: root.appendingPathComponent("tmp/out"), progress: { _ in })
+        }
+    }
+
+    @Test func nonUTF8NamesRoundTripThroughTheJournal() throws {
+        let name = FileName(bytes: [0x66, 0xff, 0xfe])
+        let data = try JSONEncoder().encode(Change.entry(parent: .root, name: name, child: "c"))
+        #expect(try JSONDecoder().decode(Change.self, from: data) == .entry(parent: .root, name: name, child: "c"))
+    }
+}
