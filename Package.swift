@@ -19,9 +19,10 @@ let package = Package(
     ],
     targets: [
         .systemLibrary(name: "CFuse3", pkgConfig: "fuse3", providers: [.apt(["libfuse3-dev"])]),
+        .target(name: "CLinux"),
         .target(
             name: "UbiquityStore",
-            dependencies: [.product(name: "Crypto", package: "swift-crypto")],
+            dependencies: ["CLinux", .product(name: "Crypto", package: "swift-crypto")],
             swiftSettings: swiftSettings),
         .target(
             name: "UbiquityReplica",

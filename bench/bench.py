@@ -383,7 +383,8 @@ class UbiquityTarget(Target):
         self.root = self.mp
 
     def teardown(self):
-        if not (self.mounted or is_mounted(self.mp)):
+        if not is_mounted(self.mp):
+            self.mounted = False
             return
         t0 = time.perf_counter()
         try:
@@ -769,7 +770,7 @@ def build_rows(results, ours_name, cfg, raw=None):
         rows.append({"metric": key, "workload": label, "unit": unit, "kind": kind,
                      "ours_name": ours_name, "ours": o, "bindfs": b, "ratio": ratio,
                      "spread": max(spreads) if spreads else None,
-                     "target": tgt, "verdict": verdict})
+                     "goal": tgt, "verdict": verdict})
     return rows
 
 
@@ -785,7 +786,7 @@ def print_table(rows, ours_name, out=sys.stdout):
                fmt(r["bindfs"], r["unit"]), ratio]
         if show_spread:
             row.append("" if r["spread"] is None else f"{100 * r['spread']:.0f}%")
-        row += [r["target"], r["verdict"]]
+        row += [r["goal"], r["verdict"]]
         table.append(row)
     widths = [max(len(row[i]) for row in table) for i in range(len(hdr))]
     right = {2, 3, 4, 5} if show_spread else {2, 3, 4}
@@ -924,6 +925,22 @@ def prepare_workdir(wd):
     open(os.path.join(wd, MARKER), "w").close()
 
 
+def close_fds_under(paths):
+    """Close our own fds left open under the benchmark dirs by an interrupted
+    workload, so that the unmounts are not refused as busy."""
+    paths = [os.path.realpath(p) + "/" for p in paths if p]
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if any(target.startswith(p) for p in paths):
+            try:
+                os.close(int(fd))
+            except OSError:
+                pass
+
+
 def on_sigterm(signum, frame):
     raise KeyboardInterrupt(f"signal {signum}")
 
@@ -996,12 +1013,13 @@ def main(argv=None):
             for k, vs in raw[n].items():
                 results[n][k] = statistics.median(vs)
     except KeyboardInterrupt as e:
-        warn(f"interrupted ({e}); tearing down")
+        warn(f"interrupted ({str(e) or 'SIGINT'}); tearing down")
         rc = 130
     except BenchError as e:
         print(f"ERROR: {e}", file=sys.stderr)
         rc = 1
     finally:
+        close_fds_under([cfg.workdir] + [t.root for t in targets.values()])
         for n in reversed(list(targets)):
             try:
                 targets[n].teardown()

@@ -173,6 +173,7 @@ final class Daemon: @unchecked Sendable {
                     if !connection.send(["progress": ["items": items, "bytes": bytes]]) { clientAlive.withLock { $0 = false } }
                 }, shouldContinue: { clientAlive.withLock { $0 } })
                 guard clientAlive.withLock({ $0 }) else { connection.close(); return }
+                // Anything still pending is held open for writing: the unmount below reports EBUSY.
                 unmountWaiter.withLock { $0 = connection }
                 try Unmounter.unmount(mountpoint, lazy: false)
                 // The FUSE loop ends now; `run` finishes the queue and answers.

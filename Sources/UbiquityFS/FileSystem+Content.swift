@@ -49,10 +49,10 @@ extension FileSystem {
                 try hooks.fetchContent(ino: ino)
             }
         }
-        return try openFile(node: node, flags: flags, created: false)
+        return try openFile(node: node, flags: flags)
     }
 
-    func openFile(node: LocalNode, flags: Int32, created: Bool) throws -> OpenReply {
+    func openFile(node: LocalNode, flags: Int32) throws -> OpenReply {
         let ino = node.ino
         let writable = flags & O_ACCMODE != O_RDONLY
         let fd = Glibc.open(replica.cachePath(ino), (writable ? O_RDWR : O_RDONLY) | O_CLOEXEC)
@@ -63,30 +63,32 @@ extension FileSystem {
         if writable && flags & O_TRUNC != 0 {
             if ftruncate(fd, 0) != 0 { close(fd); throw UbiquityError.posix("truncate on open") }
         }
-        let now = Timespec.now()
+        if writable {
+            // The "changed" mark is committed before the open is acknowledged.
+            let now = Timespec.now()
+            replica.withNamespace { ns in
+                ns.beginContentChange(ino, monotonic: Self.monotonicNow())
+                if flags & O_TRUNC != 0 { ns.contentChanged(ino, size: 0, time: now, monotonic: Self.monotonicNow()) }
+            }
+            do { try commit(notify: false) } catch { close(fd); throw error }
+        }
+        return register(ino: ino, fd: fd, writable: writable)
+    }
+
+    /// Count the open and hand out a handle for `fd`.
+    func register(ino: UInt64, fd: Int32, writable: Bool) -> OpenReply {
         replica.withNamespace { ns in
             ns.updateRuntime(ino) {
                 $0.openCount += 1
                 if writable { $0.openWriters += 1 }
             }
-            if writable && !created {
-                ns.beginContentChange(ino, monotonic: Self.monotonicNow())
-                if flags & O_TRUNC != 0 { ns.contentChanged(ino, size: 0, time: now, monotonic: Self.monotonicNow()) }
-            }
         }
-        if writable && !created {
-            do { try commit(notify: false) } catch { _ = try? release(handle: registerAndReturn(ino, fd, writable)); throw error }
-        }
-        let handle = registerAndReturn(ino, fd, writable)
-        return OpenReply(handle: handle, keepCache: true)
-    }
-
-    private func registerAndReturn(_ ino: UInt64, _ fd: Int32, _ writable: Bool) -> UInt64 {
-        handles.withLock { table in
+        let handle = handles.withLock { table in
             let handle = table.allocate()
             table.files[handle] = HandleTable.OpenFile(ino: ino, fd: fd, writable: writable)
             return handle
         }
+        return OpenReply(handle: handle, keepCache: true)
     }
 
     func openFileFor(_ handle: UInt64) throws -> HandleTable.OpenFile {

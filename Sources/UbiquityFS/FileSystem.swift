@@ -130,9 +130,7 @@ public final class FileSystem: Sendable {
         if node.isPlaceholder {
             if size == 0 {
                 // Nothing of the old content survives: no need to fetch it.
-                let fd = Glibc.open(replica.cachePath(ino), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
-                guard fd >= 0 else { throw UbiquityError.posix("create cache file") }
-                close(fd)
+                close(try replica.createCacheFile(ino))
                 replica.withNamespace { ns in ns.update(ino, local: false) { $0.hasContent = true } }
             } else {
                 try hooks.fetchContent(ino: ino)
@@ -161,70 +159,73 @@ public final class FileSystem: Sendable {
     // MARK: - Creating nodes
 
     /// Create a node named `name` in `parent` with the caller as owner
-    /// (group from a set-gid parent, which new directories inherit).
+    /// (group from a set-gid parent, which new directories inherit). For a
+    /// regular file the cache file is created first (outside the lock, under
+    /// a reserved inode number) and its descriptor returned, open read-write.
     func makeNode(parent: UInt64, name: FileName, kind: NodeKind, mode: UInt32, caller: Caller,
-                  rdev: UInt64 = 0, target: String? = nil, prepare: ((UInt64) throws -> Void)? = nil) throws -> LocalNode {
+                  rdev: UInt64 = 0, target: String? = nil) throws -> (node: LocalNode, fd: Int32?) {
         try Self.checkName(name)
-        let node = try replica.withNamespace { ns -> LocalNode in
-            guard let dir = ns.node(parent) else { throw UbiquityError(ENOENT) }
-            guard dir.kind == .directory, !dir.unlinked else { throw UbiquityError(dir.unlinked ? ENOENT : ENOTDIR) }
-            guard ns.lookup(parent, name) == nil else { throw UbiquityError(EEXIST) }
-            var gid = caller.gid
-            var permissions = mode & 0o7777
-            if dir.mode & UInt32(S_ISGID) != 0 {
-                gid = dir.gid
-                if kind == .directory { permissions |= UInt32(S_ISGID) }
-            }
-            let now = Timespec.now()
-            let ino = ns.createNode(kind: kind, mode: permissions, uid: caller.uid, gid: gid, rdev: rdev,
-                                    target: target, time: now)
-            try prepare?(ino)
-            if kind == .file { ns.beginContentChange(ino, monotonic: Self.monotonicNow()) }
-            ns.linkEntry(parent, name, ino)
-            ns.update(parent) { $0.mtime = now; $0.ctime = now }
-            ns.updateRuntime(ino) { $0.lookups += 1 }
-            return ns.node(ino)!
+        var reserved: UInt64?
+        var fd: Int32?
+        if kind == .file {
+            let ino = replica.withNamespace { ns in ns.reserveIno() }
+            fd = try replica.createCacheFile(ino)
+            reserved = ino
         }
-        try commit()
-        return node
+        let node: LocalNode
+        do {
+            node = try replica.withNamespace { ns -> LocalNode in
+                guard let dir = ns.node(parent) else { throw UbiquityError(ENOENT) }
+                guard dir.kind == .directory, !dir.unlinked else { throw UbiquityError(dir.unlinked ? ENOENT : ENOTDIR) }
+                guard ns.lookup(parent, name) == nil else { throw UbiquityError(EEXIST) }
+                var gid = caller.gid
+                var permissions = mode & 0o7777
+                if dir.mode & UInt32(S_ISGID) != 0 {
+                    gid = dir.gid
+                    if kind == .directory { permissions |= UInt32(S_ISGID) }
+                }
+                let now = Timespec.now()
+                let ino = ns.createNode(ino: reserved, kind: kind, mode: permissions, uid: caller.uid, gid: gid,
+                                        rdev: rdev, target: target, time: now)
+                if kind == .file { ns.beginContentChange(ino, monotonic: Self.monotonicNow()) }
+                ns.linkEntry(parent, name, ino)
+                ns.update(parent) { $0.mtime = now; $0.ctime = now }
+                ns.updateRuntime(ino) { $0.lookups += 1 }
+                return ns.node(ino)!
+            }
+            try commit()
+        } catch {
+            if let fd, let reserved {
+                close(fd)
+                Glibc.unlink(replica.cachePath(reserved))
+            }
+            throw error
+        }
+        return (node, fd)
     }
 
     public func mknod(parent: UInt64, name: FileName, mode: UInt32, rdev: UInt64, caller: Caller) throws -> EntryReply {
         guard let kind = NodeKind(typeBits: mode), kind != .directory, kind != .symlink else { throw UbiquityError(EINVAL) }
-        let node = try makeNode(parent: parent, name: name, kind: kind, mode: mode, caller: caller,
-                                rdev: (kind == .charDevice || kind == .blockDevice) ? rdev : 0,
-                                prepare: kind == .file ? { ino in try self.createCacheFile(ino) } : nil)
-        return entryReply(node)
+        let made = try makeNode(parent: parent, name: name, kind: kind, mode: mode, caller: caller,
+                                rdev: (kind == .charDevice || kind == .blockDevice) ? rdev : 0)
+        if let fd = made.fd { close(fd) }
+        return entryReply(made.node)
     }
 
     public func mkdir(parent: UInt64, name: FileName, mode: UInt32, caller: Caller) throws -> EntryReply {
-        entryReply(try makeNode(parent: parent, name: name, kind: .directory, mode: mode, caller: caller))
+        entryReply(try makeNode(parent: parent, name: name, kind: .directory, mode: mode, caller: caller).node)
     }
 
     public func symlink(target: String, parent: UInt64, name: FileName, caller: Caller) throws -> EntryReply {
         guard target.utf8.count < 4096 else { throw UbiquityError(ENAMETOOLONG) }
-        return entryReply(try makeNode(parent: parent, name: name, kind: .symlink, mode: 0o777, caller: caller, target: target))
+        return entryReply(try makeNode(parent: parent, name: name, kind: .symlink, mode: 0o777, caller: caller, target: target).node)
     }
 
     public func create(parent: UInt64, name: FileName, mode: UInt32, flags: Int32, caller: Caller) throws -> (EntryReply, OpenReply) {
-        let node = try makeNode(parent: parent, name: name, kind: .file, mode: mode, caller: caller,
-                                prepare: { ino in try self.createCacheFile(ino) })
-        do {
-            let opened = try openFile(node: node, flags: flags & ~O_TRUNC, created: true)
-            return (entryReply(node), opened)
-        } catch {
-            forget(ino: node.ino, count: 1)
-            throw error
-        }
-    }
-
-    func createCacheFile(_ ino: UInt64) throws {
-        let fd = Glibc.open(replica.cachePath(ino), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
-        guard fd >= 0 else {
-            let code = errno
-            throw UbiquityError(code == ENOSPC ? ENOSPC : EIO, "create cache file: \(String(cString: strerror(code)))")
-        }
-        close(fd)
+        let made = try makeNode(parent: parent, name: name, kind: .file, mode: mode, caller: caller)
+        let writable = flags & O_ACCMODE != O_RDONLY
+        let opened = register(ino: made.node.ino, fd: made.fd!, writable: writable)
+        return (entryReply(made.node), opened)
     }
 
     public func link(ino: UInt64, newParent: UInt64, newName: FileName) throws -> EntryReply {

@@ -125,6 +125,7 @@ final class Index: Sendable {
                 n.nlink = 0
                 ns.nodes[ino] = n
                 ns.inoByID[n.id] = ino
+                if n.hasUnpushedMetadata || n.hasUnpushedContent { ns.unpushed.insert(ino) }
                 if kind == .directory { ns.children[ino] = [:] }
                 ns.nextIno = max(ns.nextIno, ino + 1)
                 ns.changeCounter = max(ns.changeCounter, n.change)

@@ -24,6 +24,9 @@ public struct Namespace: Sendable {
     var nextCookie: UInt64 = 3   // 0 = start, 1 = ".", 2 = ".."
     var changeCounter: UInt64 = 0
     var dirtyRows: Set<UInt64> = []
+    /// Nodes with metadata or content not yet in the store (kept so the sync
+    /// engine never scans the whole namespace).
+    public internal(set) var unpushed: Set<UInt64> = []
     var log: [IndexOp] = []
     /// Bumped by every change worth pushing; the sync engine waits on it.
     public internal(set) var pushWork: UInt64 = 0
@@ -42,18 +45,35 @@ public struct Namespace: Sendable {
 
     // MARK: Primitives that record their effect
 
+    /// A node row changed: write it with the next commit, and track whether it has something to push.
+    mutating func touched(_ ino: UInt64) {
+        dirtyRows.insert(ino)
+        if let n = nodes[ino], n.hasUnpushedMetadata || n.hasUnpushedContent {
+            unpushed.insert(ino)
+        } else {
+            unpushed.remove(ino)
+        }
+    }
+
     mutating func nextChange() -> UInt64 {
         changeCounter += 1
         pushWork &+= 1
         return changeCounter
     }
 
-    /// Create a node (not yet linked anywhere) and return its inode number.
-    public mutating func createNode(id: NodeID = UUID().uuidString.lowercased(), kind: NodeKind, mode: UInt32,
-                                    uid: UInt32, gid: UInt32, rdev: UInt64 = 0, target: String? = nil,
-                                    time: Timespec = .now(), local: Bool = true) -> UInt64 {
+    /// Take the next inode number (never reused) for a node about to be created.
+    public mutating func reserveIno() -> UInt64 {
         let ino = nextIno
         nextIno += 1
+        log.append(.meta(key: "next_ino", value: String(nextIno)))
+        return ino
+    }
+
+    /// Create a node (not yet linked anywhere) and return its inode number.
+    public mutating func createNode(ino reserved: UInt64? = nil, id: NodeID = UUID().uuidString.lowercased(), kind: NodeKind,
+                                    mode: UInt32, uid: UInt32, gid: UInt32, rdev: UInt64 = 0, target: String? = nil,
+                                    time: Timespec = .now(), local: Bool = true) -> UInt64 {
+        let ino = reserved ?? reserveIno()
         var node = LocalNode(ino: ino, id: id, kind: kind, mode: mode, uid: uid, gid: gid,
                              size: kind == .symlink ? UInt64(target?.utf8.count ?? 0) : 0,
                              rdev: rdev, target: target, time: time)
@@ -61,8 +81,7 @@ public struct Namespace: Sendable {
         nodes[ino] = node
         inoByID[id] = ino
         if kind == .directory { children[ino] = [:] }
-        dirtyRows.insert(ino)
-        log.append(.meta(key: "next_ino", value: String(nextIno)))
+        touched(ino)
         return ino
     }
 
@@ -71,7 +90,7 @@ public struct Namespace: Sendable {
         guard nodes[ino] != nil else { return }
         body(&nodes[ino]!)
         if local { nodes[ino]!.change = nextChange() }
-        dirtyRows.insert(ino)
+        touched(ino)
     }
 
     /// Record a content change (write, truncate) without persisting it yet.
@@ -87,7 +106,7 @@ public struct Namespace: Sendable {
         }
         nodes[ino]!.contentGeneration += 1
         pushWork &+= 1
-        dirtyRows.insert(ino)
+        touched(ino)
     }
 
     /// Mark the content as changing (an open for writing): persisted before
@@ -98,7 +117,7 @@ public struct Namespace: Sendable {
         nodes[ino]!.contentGeneration += 1
         nodes[ino]!.lastContentChange = monotonic
         nodes[ino]!.change = nextChange()
-        dirtyRows.insert(ino)
+        touched(ino)
     }
 
     /// Runtime-only bookkeeping (lookup and open counts): not persisted.
@@ -118,12 +137,12 @@ public struct Namespace: Sendable {
             nodes[ino]?.nlink = 2 + subdirectories
             nodes[parent]?.nlink += 1
             directoryParent[ino] = parent
-            dirtyRows.insert(parent)
+            touched(parent)
         } else {
             nodes[ino]?.nlink += 1
         }
         nodes[ino]?.unlinked = false
-        dirtyRows.insert(ino)
+        touched(ino)
         log.append(.entry(parent: parent, name: name, child: ino))
         if local { markEntryPending(parent, name) }
     }
@@ -136,7 +155,7 @@ public struct Namespace: Sendable {
         if let kind = nodes[ino]?.kind {
             if kind == .directory {
                 nodes[parent]?.nlink -= 1
-                dirtyRows.insert(parent)
+                touched(parent)
                 nodes[ino]!.nlink = 0
                 directoryParent[ino] = nil
             } else if nodes[ino]!.nlink > 0 {
@@ -147,7 +166,7 @@ public struct Namespace: Sendable {
                 // A removed node is pushed as a deletion.
                 if local { nodes[ino]!.change = nextChange() }
             }
-            dirtyRows.insert(ino)
+            touched(ino)
         }
         log.append(.removeEntry(parent: parent, name: name))
         if local { markEntryPending(parent, name) }
@@ -185,6 +204,7 @@ public struct Namespace: Sendable {
         directoryParent[ino] = nil
         if inoByID[node.id] == ino { inoByID[node.id] = nil }
         dirtyRows.remove(ino)
+        unpushed.remove(ino)
         log.append(.removeNode(ino))
         return true
     }
@@ -214,25 +234,21 @@ public struct Namespace: Sendable {
 
     /// Nodes with something to push.
     public func unpushedNodes() -> [LocalNode] {
-        nodes.values.filter { $0.hasUnpushedMetadata || $0.hasUnpushedContent }
-    }
-
-    public var hasPendingWork: Bool {
-        !pendingEntries.isEmpty || nodes.values.contains { $0.hasUnpushedMetadata || $0.hasUnpushedContent }
+        unpushed.compactMap { nodes[$0] }
     }
 
     /// Items and bytes still waiting to be pushed.
     public func pendingSummary() -> (items: Int, bytes: UInt64) {
         var items = 0
         var bytes: UInt64 = 0
-        for node in nodes.values where node.hasUnpushedMetadata || node.hasUnpushedContent {
+        for node in unpushedNodes() {
             items += 1
             if node.hasUnpushedContent { bytes += node.size }
         }
-        let nodeIDs = Set(nodes.values.lazy.filter { $0.hasUnpushedMetadata }.map(\.ino))
+        // Entries count as items of their own unless their node is already counted.
         items += pendingEntries.keys.filter { key in
             guard let child = children[key.parent]?[key.name]?.ino else { return true }
-            return !nodeIDs.contains(child)
+            return !unpushed.contains(child)
         }.count
         return (items, bytes)
     }

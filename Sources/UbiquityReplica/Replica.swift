@@ -51,10 +51,7 @@ public final class Replica: Sendable {
         ftruncate(lockFD, 0)
         _ = pid.withCString { pwrite(lockFD, $0, strlen($0), 0) }
 
-        for i in 0..<256 {
-            try? fm.createDirectory(at: cacheDirectory.appendingPathComponent(String(format: "%02x", i)),
-                                    withIntermediateDirectories: true)
-        }
+        try? fm.createDirectory(at: cacheDirectory, withIntermediateDirectories: true)
         try? fm.removeItem(at: stagingDirectory)
         try? fm.createDirectory(at: stagingDirectory, withIntermediateDirectories: true)
 
@@ -128,12 +125,43 @@ public final class Replica: Sendable {
 
     // MARK: Content cache
 
+    /// `cache/BUCKET/INO`, a bucket per 4096 consecutive inode numbers: files
+    /// created together share a directory (ext4 allocates their inodes close
+    /// together, which matters when creating thousands of small files), and no
+    /// directory grows past 4096 entries.
     static func cachePath(_ cacheDirectory: URL, _ ino: UInt64) -> String {
-        cacheDirectory.path + "/" + String(format: "%02x", Int(ino & 0xff)) + "/" + String(ino)
+        cacheDirectory.path + "/" + String(ino >> 12, radix: 16) + "/" + String(ino)
     }
 
     /// The cache file holding the content of `ino`.
     public func cachePath(_ ino: UInt64) -> String { Self.cachePath(cacheDirectory, ino) }
+
+    /// Create (or truncate) the cache file of `ino`, open for reading and writing.
+    public func createCacheFile(_ ino: UInt64) throws -> Int32 {
+        let path = cachePath(ino)
+        var fd = open(path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
+        if fd < 0 && errno == ENOENT {
+            mkdir((path as NSString).deletingLastPathComponent, 0o700)
+            fd = open(path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
+        }
+        guard fd >= 0 else {
+            let code = errno
+            throw UbiquityError(code == ENOSPC || code == EDQUOT ? code : EIO,
+                                "create cache file \(path): \(String(cString: strerror(code)))")
+        }
+        return fd
+    }
+
+    /// Move a fully downloaded, verified file into place as the content of `ino`.
+    public func installCacheFile(from staged: String, _ ino: UInt64) throws {
+        let path = cachePath(ino)
+        if rename(staged, path) == 0 { return }
+        if errno == ENOENT {
+            mkdir((path as NSString).deletingLastPathComponent, 0o700)
+            if rename(staged, path) == 0 { return }
+        }
+        throw UbiquityError.posix("install downloaded content for inode \(ino)")
+    }
 
     /// A fresh path in the staging area.
     public func stagingPath() -> URL { stagingDirectory.appendingPathComponent(UUID().uuidString) }

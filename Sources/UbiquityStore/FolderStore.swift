@@ -170,9 +170,12 @@ public final class FolderStore: Store {
         try checkReachable()
         let destination = blobURL(hash)
         if access(destination.path, F_OK) == 0 { return }
-        try? FileManager.default.createDirectory(at: destination.deletingLastPathComponent(), withIntermediateDirectories: true)
         // Same filesystem: a hard link publishes the immutable staging file at no cost.
         if link(source.path, destination.path) == 0 || errno == EEXIST { return }
+        if errno == ENOENT {
+            try? FileManager.default.createDirectory(at: destination.deletingLastPathComponent(), withIntermediateDirectories: true)
+            if link(source.path, destination.path) == 0 || errno == EEXIST { return }
+        }
         let tmp = root.appendingPathComponent("tmp").appendingPathComponent(UUID().uuidString)
         let input = try syscallRetrying("open \(source.path)") { open(source.path, O_RDONLY | O_CLOEXEC) }
         defer { close(input) }
@@ -180,7 +183,6 @@ public final class FolderStore: Store {
         do {
             let (copied, _) = try ContentCopy.copy(from: input, to: output)
             guard copied == hash else { throw UbiquityError(EIO, "content of \(source.path) changed while uploading") }
-            try syscallRetrying("fsync blob") { fsync(output) }
             close(output)
             if rename(tmp.path, destination.path) != 0 { throw UbiquityError.posix("publish blob \(hash)") }
         } catch {
@@ -188,6 +190,32 @@ public final class FolderStore: Store {
             unlink(tmp.path)
             throw error
         }
+    }
+
+    public func putBlob(_ hash: String, data: Data) throws {
+        precondition(ContentCopy.isValidHash(hash))
+        try checkReachable()
+        let destination = blobURL(hash)
+        if access(destination.path, F_OK) == 0 { return }
+        do {
+            try Self.publish(data, at: destination, tmpDir: root.appendingPathComponent("tmp"), exclusive: true, sync: false)
+        } catch let error as UbiquityError where error.errno == EEXIST {
+            return
+        } catch let error as UbiquityError where error.errno == ENOENT || error.errno == EHOSTDOWN {
+            try FileManager.default.createDirectory(at: destination.deletingLastPathComponent(), withIntermediateDirectories: true)
+            do {
+                try Self.publish(data, at: destination, tmpDir: root.appendingPathComponent("tmp"), exclusive: true, sync: false)
+            } catch let error as UbiquityError where error.errno == EEXIST {}
+        }
+    }
+
+    /// One `syncfs(2)` of the store's filesystem makes every blob written
+    /// since durable: far cheaper than an fsync per small blob.
+    public func flushBlobs() throws {
+        let fd = open(root.path, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+        guard fd >= 0 else { throw UbiquityError(EHOSTDOWN, "store \(root.path) is not reachable") }
+        defer { close(fd) }
+        try syscallRetrying("syncfs \(root.path)") { LinuxCalls.syncfs(fd) }
     }
 
     public func fetchBlob(_ hash: String, to destination: URL, progress: (UInt64) -> Void) throws {
@@ -206,7 +234,7 @@ public final class FolderStore: Store {
 
     /// Write `data` to a temporary file, fsync it, then publish it at `url`:
     /// with `link(2)` when `exclusive` (fails with EEXIST), else `rename(2)`.
-    static func publish(_ data: Data, at url: URL, tmpDir: URL, exclusive: Bool) throws {
+    static func publish(_ data: Data, at url: URL, tmpDir: URL, exclusive: Bool, sync: Bool = true) throws {
         let tmp = tmpDir.appendingPathComponent(".tmp-\(UUID().uuidString)")
         let fd = try syscallRetrying("create \(tmp.path)") { open(tmp.path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o644) }
         defer { unlink(tmp.path) }
@@ -217,7 +245,7 @@ public final class FolderStore: Store {
                     written += try syscallRetrying("write \(tmp.path)") { write(fd, raw.baseAddress! + written, raw.count - written) }
                 }
             }
-            try syscallRetrying("fsync \(tmp.path)") { fsync(fd) }
+            if sync { try syscallRetrying("fsync \(tmp.path)") { fsync(fd) } }
         } catch {
             close(fd)
             throw error

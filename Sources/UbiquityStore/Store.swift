@@ -27,6 +27,11 @@ public protocol Store: Sendable {
     /// Store the content of the local file `source` as blob `hash`. The caller
     /// computed `hash` from exactly these bytes and never changes the file again.
     func putBlob(_ hash: String, from source: URL) throws
+    /// Store `data` as blob `hash` (small content, snapshotted in memory).
+    func putBlob(_ hash: String, data: Data) throws
+    /// Make every blob stored so far durable before a journal record names
+    /// it (called once per commit, not once per blob).
+    func flushBlobs() throws
     /// Copy blob `hash` into the local file `destination` (created or
     /// truncated), verifying its SHA-256. `progress` is called with the bytes
     /// copied so far.

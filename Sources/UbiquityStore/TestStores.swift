@@ -57,6 +57,13 @@ public final class InMemoryStore: Store {
         state.withLock { $0.blobs[hash] = data }
     }
 
+    public func putBlob(_ hash: String, data: Data) throws {
+        guard ContentCopy.hash(of: data) == hash else { throw UbiquityError(EIO, "content does not match its hash") }
+        state.withLock { $0.blobs[hash] = data }
+    }
+
+    public func flushBlobs() throws {}
+
     public func fetchBlob(_ hash: String, to destination: URL, progress: (UInt64) -> Void) throws {
         guard let data = state.withLock({ $0.blobs[hash] }) else { throw UbiquityError(EIO, "blob \(hash) missing from store") }
         guard ContentCopy.hash(of: data) == hash else { throw UbiquityError(EIO, "blob \(hash) in the store is damaged") }
@@ -104,6 +111,11 @@ public final class FaultyStore: Store {
         try check(.putBlob)
         try base.putBlob(hash, from: source)
     }
+    public func putBlob(_ hash: String, data: Data) throws {
+        try check(.putBlob)
+        try base.putBlob(hash, data: data)
+    }
+    public func flushBlobs() throws { try base.flushBlobs() }
     public func fetchBlob(_ hash: String, to destination: URL, progress: (UInt64) -> Void) throws {
         try check(.fetchBlob)
         try base.fetchBlob(hash, to: destination, progress: progress)

@@ -1,6 +1,7 @@
 #if canImport(Glibc)
 import Glibc
 #endif
+import CLinux
 import Foundation
 
 /// The one error type of UbiquityFS.
@@ -43,5 +44,18 @@ public func syscallRetrying<T: BinaryInteger>(_ context: @autoclosure () -> Stri
         let code = Glibc.errno
         if code == EINTR { continue }
         throw UbiquityError.posix(context(), errno: code)
+    }
+}
+
+/// Linux calls Swift's Glibc module does not offer (see `CLinux`).
+public enum LinuxCalls {
+    public static func syncfs(_ fd: Int32) -> Int32 { ubq_syncfs(fd) }
+
+    /// Make the calling thread background work: nice 10 and the lowest
+    /// best-effort I/O priority.
+    public static func lowerThreadPriority() {
+        let tid = ubq_gettid()
+        setpriority(__priority_which_t(PRIO_PROCESS.rawValue), id_t(tid), 10)
+        _ = ubq_ioprio_lowest(tid)
     }
 }

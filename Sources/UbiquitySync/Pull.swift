@@ -115,7 +115,7 @@ extension SyncEngine {
             } else {
                 FileManager.default.createFile(atPath: staged.path, contents: nil)
             }
-            guard rename(staged.path, replica.cachePath(ino)) == 0 else { throw UbiquityError.posix("install downloaded content") }
+            try replica.installCacheFile(from: staged.path, ino)
             replica.withNamespace { ns in
                 ns.update(ino, local: false) { n in
                     if n.hash == node.hash { n.hasContent = true; n.size = n.hashSize }

@@ -69,6 +69,8 @@ public final class SyncEngine: Sendable {
     }
 
     func pushLoop() {
+        // Pushing is background work: it yields CPU and disk to the programs using the mount.
+        LinuxCalls.lowerThreadPriority()
         var backoff = 1.0
         while !stopped.withLock({ $0 }) {
             _ = wake.wait(timeout: .now() + 1)
@@ -99,20 +101,23 @@ public final class SyncEngine: Sendable {
 
     public var currentStatus: SyncStatus { status.withLock { $0 } }
 
-    /// Push until nothing is pending, reporting progress; returns when the
-    /// queue is empty. Items with an open writer are waited for.
-    public func drain(progress: (_ items: Int, _ bytes: UInt64) -> Void, shouldContinue: () -> Bool = { true }) throws {
+    /// Push until nothing is pending, reporting progress. Returns the number
+    /// of items still pending: 0, or items that cannot be pushed because a
+    /// program keeps them open for writing (the caller decides what to do).
+    @discardableResult
+    public func drain(progress: (_ items: Int, _ bytes: UInt64) -> Void, shouldContinue: () -> Bool = { true }) throws -> Int {
         while shouldContinue() {
             let pending = replica.withNamespace { ns in ns.pendingSummary() }
             progress(pending.items, pending.bytes)
-            if pending.items == 0 { return }
+            if pending.items == 0 { return 0 }
             do {
-                if try !pushOnce(ignoreDelay: true) { Thread.sleep(forTimeInterval: 0.1) }
+                if try !pushOnce(ignoreDelay: true) { return pending.items }
             } catch {
                 record(error: error)
                 throw error
             }
         }
+        return replica.withNamespace { ns in ns.pendingSummary() }.items
     }
 
     // MARK: - SyncHooks
@@ -144,12 +149,20 @@ public final class SyncEngine: Sendable {
             }.map { ($0.ino, $0.contentGeneration, $0.hash) }
         }
         var snapshots: [UInt64: ContentSnapshot] = [:]
+        var uploaded = false
         for (ino, generation, oldHash) in contentCandidates {
             guard let snapshot = try snapshotContent(ino: ino, generation: generation) else { continue }
-            if snapshot.hash != oldHash { try store.putBlob(snapshot.hash, from: snapshot.staged) }
-            try? FileManager.default.removeItem(at: snapshot.staged)
+            if snapshot.hash != oldHash {
+                switch snapshot.content {
+                case .bytes(let data): try store.putBlob(snapshot.hash, data: data)
+                case .staged(let url): try store.putBlob(snapshot.hash, from: url)
+                }
+                uploaded = true
+            }
+            if case .staged(let url) = snapshot.content { unlink(url.path) }
             snapshots[ino] = ContentSnapshot(ino: ino, generation: generation, hash: snapshot.hash, size: snapshot.size)
         }
+        if uploaded { try store.flushBlobs() }
 
         while true {
             let batch = replica.withNamespace { ns in buildBatch(ns, snapshots: snapshots) }
@@ -176,32 +189,52 @@ public final class SyncEngine: Sendable {
         }
     }
 
-    /// Copy the cache file of `ino` into staging while hashing; nil if the
-    /// content changed meanwhile (the snapshot would be torn).
-    func snapshotContent(ino: UInt64, generation: UInt64) throws -> (staged: URL, hash: String, size: UInt64)? {
+    enum SnapshotContent {
+        case bytes(Data)
+        case staged(URL)
+    }
+
+    /// Content up to this size is snapshotted in memory: no staging file.
+    static let inMemorySnapshotLimit = 4 << 20
+
+    /// Snapshot the cache file of `ino` (in memory if small, else into a
+    /// staging file) while hashing it; nil if the content changed meanwhile
+    /// — the snapshot would be torn.
+    func snapshotContent(ino: UInt64, generation: UInt64) throws -> (content: SnapshotContent, hash: String, size: UInt64)? {
         let source = open(replica.cachePath(ino), O_RDONLY | O_CLOEXEC)
         guard source >= 0 else { return nil }
         defer { close(source) }
-        let staged = replica.stagingPath()
-        let destination = try syscallRetrying("create staging file") { open(staged.path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o444) }
-        let copied: (hash: String, size: UInt64)
-        do {
-            copied = try ContentCopy.copy(from: source, to: destination)
-            close(destination)
-        } catch {
-            close(destination)
-            try? FileManager.default.removeItem(at: staged)
-            throw error
+        var st = stat()
+        guard fstat(source, &st) == 0 else { return nil }
+        let result: (content: SnapshotContent, hash: String, size: UInt64)
+        if st.st_size <= Self.inMemorySnapshotLimit {
+            var data = Data(count: Int(st.st_size) + 1)
+            let n = data.withUnsafeMutableBytes { pread(source, $0.baseAddress, $0.count, 0) }
+            guard n >= 0, n <= Int(st.st_size) else { return nil }   // grew meanwhile: retry later
+            data.count = n
+            result = (.bytes(data), ContentCopy.hash(of: data), UInt64(n))
+        } else {
+            let staged = replica.stagingPath()
+            let destination = try syscallRetrying("create staging file") { open(staged.path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o444) }
+            do {
+                let copied = try ContentCopy.copy(from: source, to: destination)
+                close(destination)
+                result = (.staged(staged), copied.hash, copied.size)
+            } catch {
+                close(destination)
+                unlink(staged.path)
+                throw error
+            }
         }
         let unchanged = replica.withNamespace { ns in
             guard let node = ns.node(ino) else { return false }
             return node.contentGeneration == generation && node.openWriters == 0
         }
         guard unchanged else {
-            try? FileManager.default.removeItem(at: staged)
+            if case .staged(let url) = result.content { unlink(url.path) }
             return nil
         }
-        return (staged, copied.hash, copied.size)
+        return result
     }
 
     struct Batch {

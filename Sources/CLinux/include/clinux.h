@@ -1,0 +1,16 @@
+/*
+ * CLinux — Linux system calls Swift cannot reach: glibc exports them only
+ * under _GNU_SOURCE (which Swift's Glibc module is not built with), or only
+ * through the variadic syscall(2), which Swift cannot call.
+ */
+#ifndef UBIQUITYFS_CLINUX_H
+#define UBIQUITYFS_CLINUX_H
+
+/* syncfs(2): flush the filesystem holding fd. */
+int ubq_syncfs(int fd);
+/* gettid(2): the calling thread's id. */
+int ubq_gettid(void);
+/* ioprio_set(2) for a thread: best-effort class, lowest level (7). */
+int ubq_ioprio_lowest(int tid);
+
+#endif
