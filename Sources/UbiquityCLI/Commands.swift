@@ -38,13 +38,21 @@ struct Mount: ParsableCommand {
     @Option(help: "Container ID.") var container: String = Daemon.defaultContainer
     @Flag(help: "Stay in the foreground and log to stderr.") var foreground = false
     @Option(name: .customShort("o"), help: "Extra FUSE mount options, comma-separated.") var options: [String] = []
+    @Option(help: "Seconds between checks of the store for other devices' changes (the folder store also notifies at once through inotify).")
+    var pollInterval: Double = 1
     @Option(help: .hidden) var notifyFd: Int32?
+
+    func validate() throws {
+        guard pollInterval > 0, pollInterval <= 3600 else {
+            throw ValidationError("--poll-interval must be between 0 and 3600 seconds")
+        }
+    }
 
     func run() throws {
         let request = MountRequest(mountpoint: absolutePath(mountpoint), storePath: store.map(absolutePath),
                                    container: container,
                                    fuseOptions: options.flatMap { $0.split(separator: ",").map(String.init) },
-                                   foreground: foreground || notifyFd != nil, notifyFD: notifyFd)
+                                   foreground: foreground || notifyFd != nil, pollInterval: pollInterval, notifyFD: notifyFd)
         if request.foreground {
             do {
                 chdir("/")
@@ -85,7 +93,8 @@ struct Mount: ParsableCommand {
             fds[1] = moved
         }
         let exe = (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe")) ?? CommandLine.arguments[0]
-        var arguments = [exe, "mount", request.mountpoint, "--container", request.container, "--notify-fd", "3"]
+        var arguments = [exe, "mount", request.mountpoint, "--container", request.container, "--notify-fd", "3",
+                         "--poll-interval", String(request.pollInterval)]
         if let store = request.storePath { arguments += ["--store", store] }
         if !request.fuseOptions.isEmpty { arguments += ["-o", request.fuseOptions.joined(separator: ",")] }
 

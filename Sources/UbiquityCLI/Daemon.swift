@@ -17,6 +17,8 @@ struct MountRequest: Sendable {
     var container: String
     var fuseOptions: [String]
     var foreground: Bool
+    /// Seconds between journal polls (the folder store also wakes the puller through inotify).
+    var pollInterval: Double
     /// Write "ready"/"error" here (the background parent waits on it).
     var notifyFD: Int32?
 }
@@ -96,7 +98,7 @@ final class Daemon: @unchecked Sendable {
         let engine = SyncEngine(replica: replica, store: store, container: request.container, device: device, logger: logger)
         do {
             let changed = try engine.pull()
-            logger.info("caught up with the store: \(changed.count) items updated")
+            logger.info("caught up with the store: \(changed.count) changes applied")
         } catch {
             logger.warning("could not catch up with the store, serving the local replica: \(error)")
         }
@@ -118,7 +120,7 @@ final class Daemon: @unchecked Sendable {
             throw error
         }
         control.start()
-        engine.start()
+        engine.start(pollInterval: request.pollInterval, observer: session)
         logger.info("mounted at \(mountpoint)")
         if let fd = request.notifyFD {
             Self.notify(fd, "ready pid \(getpid()) log \(logPath)")

@@ -42,14 +42,20 @@ extension FileSystem {
         case .file: break
         default: throw UbiquityError(ENXIO)   // the kernel opens special files itself
         }
+        var opened: OpenReply
         if node.isPlaceholder {
             if flags & O_TRUNC != 0 && flags & O_ACCMODE != O_RDONLY {
                 try truncate(ino: ino, size: 0, handle: nil)
             } else {
                 try hooks.fetchContent(ino: ino)
             }
+            // New content: the kernel must drop pages it may still hold from the old one.
+            opened = try openFile(node: node, flags: flags)
+            opened.keepCache = false
+        } else {
+            opened = try openFile(node: node, flags: flags)
         }
-        return try openFile(node: node, flags: flags)
+        return opened
     }
 
     func openFile(node: LocalNode, flags: Int32) throws -> OpenReply {

@@ -3,6 +3,7 @@ import Foundation
 import Logging
 import UbiquityFS
 import UbiquityStore
+import UbiquitySync
 
 /// A libfuse low-level session serving one `FileSystem` at a mountpoint.
 ///
@@ -50,6 +51,21 @@ public final class FUSESession: @unchecked Sendable {
     public func run(threads: Int = 16) -> Int32 {
         guard let se = session else { return -1 }
         return ubq_session_loop_mt(se, UInt32(threads))
+    }
+
+    /// Drop what the kernel cached about items a pull changed: entries
+    /// (names added, removed, replaced) and inodes (attributes, and pages
+    /// when the content changed). Called from the pull thread, never while a
+    /// lock of the core is held; errors (the kernel no longer knows the item)
+    /// are expected and ignored.
+    public func invalidate(_ changes: ReplicaChanges) {
+        guard let se = session else { return }
+        for (parent, name) in changes.entries {
+            _ = name.withCString { fuse_lowlevel_notify_inval_entry(se, fuse_ino_t(parent), $0, name.count) }
+        }
+        for (ino, contentChanged) in changes.nodes {
+            _ = fuse_lowlevel_notify_inval_inode(se, fuse_ino_t(ino), contentChanged ? 0 : -1, 0)
+        }
     }
 
     /// Unmount (if still mounted) and free the session.
@@ -105,4 +121,8 @@ public enum Unmounter {
         s.replacingOccurrences(of: "\\040", with: " ").replacingOccurrences(of: "\\011", with: "\t")
             .replacingOccurrences(of: "\\012", with: "\n").replacingOccurrences(of: "\\134", with: "\\")
     }
+}
+
+extension FUSESession: ReplicaObserver {
+    public func replicaChanged(_ changes: ReplicaChanges) { invalidate(changes) }
 }

@@ -36,4 +36,19 @@ public protocol Store: Sendable {
     /// truncated), verifying its SHA-256. `progress` is called with the bytes
     /// copied so far.
     func fetchBlob(_ hash: String, to destination: URL, progress: (UInt64) -> Void) throws
+
+    /// A way to sleep until the container's journal may have grown, if the
+    /// store has one cheaper than polling (nil: poll).
+    func watchJournal(container: String) -> (any JournalWatcher)?
+}
+
+extension Store {
+    public func watchJournal(container: String) -> (any JournalWatcher)? { nil }
+}
+
+/// Wakes the puller when new journal records may exist.
+public protocol JournalWatcher: Sendable {
+    /// Return when the journal may have changed, or after `timeout` seconds.
+    func wait(timeout: Double)
+    func close()
 }

@@ -7,41 +7,45 @@ import Glibc
 
 /// Applying the store's journal to the replica, and fetching content.
 extension SyncEngine {
-    /// Apply every journal record after the replica's `appliedSeq`.
-    /// Returns the inode numbers whose entries or attributes changed.
+    /// Apply every journal record after the replica's `appliedSeq`, then
+    /// tell the observer (the kernel's caches) what changed.
     @discardableResult
-    public func pull() throws -> Set<UInt64> {
-        var touched = Set<UInt64>()
-        while true {
-            let after = replica.withNamespace { ns in ns.appliedSeq }
-            let records = try store.journal(container: container, after: after, limit: 256)
-            if records.isEmpty { break }
-            for record in records {
-                let changed = replica.withNamespace { ns -> Set<UInt64> in
-                    guard record.seq == ns.appliedSeq + 1 else { return [] }
-                    var changed = Set<UInt64>()
-                    if record.changeSet.device != device.id {
-                        changed = Self.apply(record.changeSet, seq: record.seq, to: &ns)
+    public func pull() throws -> ReplicaChanges {
+        var all = ReplicaChanges()
+        try pullLock.withLock { _ in
+            while true {
+                let after = replica.withNamespace { ns in ns.appliedSeq }
+                let records = try store.journal(container: container, after: after, limit: 256)
+                if records.isEmpty { break }
+                for record in records {
+                    let changed = replica.withNamespace { ns -> ReplicaChanges in
+                        guard record.seq == ns.appliedSeq + 1 else { return ReplicaChanges() }
+                        var changed = ReplicaChanges()
+                        if record.changeSet.device != device.id {
+                            changed = Self.apply(record.changeSet, seq: record.seq, to: &ns)
+                        }
+                        ns.setAppliedSeq(record.seq)
+                        return changed
                     }
-                    ns.setAppliedSeq(record.seq)
-                    return changed
+                    all.merge(changed)
                 }
-                touched.formUnion(changed)
+                try replica.persist()
             }
-            try replica.persist()
-            status.withLock { s in s.lastSync = Date(); s.storeReachable = true }
         }
-        return touched
+        status.withLock { s in s.lastSync = Date(); s.storeReachable = true }
+        if !all.isEmpty, let observer = observer.withLock({ $0 }) { observer.replicaChanged(all) }
+        return all
     }
 
     /// Apply one foreign change set: nodes, then entries, then deletions.
-    static func apply(_ changeSet: ChangeSet, seq: UInt64, to ns: inout Namespace) -> Set<UInt64> {
-        var touched = Set<UInt64>()
+    static func apply(_ changeSet: ChangeSet, seq: UInt64, to ns: inout Namespace) -> ReplicaChanges {
+        var touched = ReplicaChanges()
         for change in changeSet.changes {
             guard case .node(let state) = change else { continue }
             if let ino = ns.inoByID[state.id] {
+                var contentChanged = false
                 ns.update(ino, local: false) { n in
-                    let contentChanged = n.kind == .file && (state.hash != n.hash || state.size != n.hashSize)
+                    contentChanged = n.kind == .file && (state.hash != n.hash || state.size != n.hashSize)
                     n.mode = state.mode; n.uid = state.uid; n.gid = state.gid
                     n.mtime = state.mtime; n.ctime = state.ctime; n.btime = state.btime
                     n.target = state.target; n.rdev = state.rdev; n.xattrs = state.xattrs
@@ -50,11 +54,11 @@ extension SyncEngine {
                         n.hash = state.hash
                         n.hashSize = state.size
                         n.size = state.size
-                        n.hasContent = state.hash == nil && state.size == 0
+                        n.hasContent = false   // fetched (or created empty) on open
                         n.pushedGeneration = n.contentGeneration
                     }
                 }
-                touched.insert(ino)
+                touched.node(ino, contentChanged: contentChanged, in: ns)
             } else {
                 let ino = ns.createNode(id: state.id, kind: state.kind, mode: state.mode, uid: state.uid, gid: state.gid,
                                         rdev: state.rdev, target: state.target, time: state.mtime, local: false)
@@ -64,11 +68,10 @@ extension SyncEngine {
                     n.hash = state.hash
                     n.hashSize = state.size
                     n.size = state.kind == .symlink ? UInt64(state.target?.utf8.count ?? 0) : state.size
-                    n.hasContent = state.kind != .file || (state.hash == nil && state.size == 0)
+                    n.hasContent = state.kind != .file
                     n.version = seq
                     n.unlinked = true   // until an entry names it
                 }
-                touched.insert(ino)
             }
         }
         for change in changeSet.changes {
@@ -77,23 +80,25 @@ extension SyncEngine {
             let existing = ns.lookup(parent, name)
             let child = childID.flatMap { ns.inoByID[$0] }
             if existing == child { continue }
+            touched.entry(parent, name, in: ns)
             if existing != nil { ns.unlinkEntry(parent, name, local: false) }
             if let child, let node = ns.node(child) {
                 // A directory has one entry: a move elsewhere removes the old one.
                 if node.kind == .directory, let oldParent = ns.directoryParent[child],
                    let oldName = ns.entries(of: oldParent).first(where: { $0.value.ino == child })?.key {
+                    touched.entry(oldParent, oldName, in: ns)
                     ns.unlinkEntry(oldParent, oldName, local: false)
                 }
                 ns.linkEntry(parent, name, child, local: false)
-                touched.insert(child)
+                touched.node(child, contentChanged: false, in: ns)
             }
-            touched.insert(parent)
+            touched.node(parent, contentChanged: false, in: ns)
         }
         for change in changeSet.changes {
             guard case .deleteNode(let id, _) = change, let ino = ns.inoByID[id] else { continue }
             ns.update(ino, local: false) { $0.unlinked = true }
+            touched.node(ino, contentChanged: true, in: ns)
             ns.dropIfUnreferenced(ino)
-            touched.insert(ino)
         }
         return touched
     }
@@ -124,4 +129,39 @@ extension SyncEngine {
             try replica.persist()
         }
     }
+}
+
+/// What a pull changed, limited to what the kernel may have cached (nodes
+/// and directories it holds references to): the entries to invalidate and
+/// the inodes whose attributes (and, if their content changed, pages) to drop.
+public struct ReplicaChanges: Sendable {
+    public var entries: [(parent: UInt64, name: FileName)] = []
+    public var nodes: [UInt64: Bool] = [:]   // ino → content changed
+    public var count = 0                      // every change applied, cached or not
+
+    public var isEmpty: Bool { count == 0 }
+
+    mutating func entry(_ parent: UInt64, _ name: FileName, in ns: Namespace) {
+        count += 1
+        if parent == Namespace.rootIno || (ns.node(parent)?.lookups ?? 0) > 0 { entries.append((parent, name)) }
+    }
+
+    mutating func node(_ ino: UInt64, contentChanged: Bool, in ns: Namespace) {
+        count += 1
+        if ino == Namespace.rootIno || (ns.node(ino)?.lookups ?? 0) > 0 {
+            nodes[ino] = (nodes[ino] ?? false) || contentChanged
+        }
+    }
+
+    mutating func merge(_ other: ReplicaChanges) {
+        entries += other.entries
+        nodes.merge(other.nodes) { $0 || $1 }
+        count += other.count
+    }
+}
+
+/// Told after a pull changed the replica (the FUSE session invalidates the
+/// kernel's caches).
+public protocol ReplicaObserver: Sendable {
+    func replicaChanged(_ changes: ReplicaChanges)
 }

@@ -36,6 +36,10 @@ public final class SyncEngine: Sendable {
     let writeBackDelay: Double
 
     let pushLock = Mutex<Int>(0)
+    let pullLock = Mutex<Int>(0)
+    let observer = Mutex<(any ReplicaObserver)?>(nil)
+    let pullThreadDone = DispatchSemaphore(value: 0)
+    let pulling = Mutex(false)
     let fetchLock = Mutex<Int>(0)
     let wake = DispatchSemaphore(value: 0)
     let status = Mutex(SyncStatus())
@@ -54,18 +58,44 @@ public final class SyncEngine: Sendable {
 
     // MARK: - Lifecycle
 
-    public func start() {
-        let thread = Thread { [self] in pushLoop() }
-        thread.name = "ubiquityfs-push"
-        thread.start()
+    /// Start pushing, and following the journal: woken by the store's
+    /// watcher when it has one, and every `pollInterval` seconds regardless.
+    public func start(pollInterval: Double, observer: (any ReplicaObserver)?) {
+        self.observer.withLock { $0 = observer }
+        let push = Thread { [self] in pushLoop() }
+        push.name = "ubiquityfs-push"
+        push.start()
+        pulling.withLock { $0 = true }
+        let pull = Thread { [self] in pullLoop(pollInterval: pollInterval) }
+        pull.name = "ubiquityfs-pull"
+        pull.start()
     }
 
-    /// Stop the push thread (waits for the current push to finish).
+    /// Stop the push and pull threads (waits for the current round to finish).
     public func stop() {
         let wasStopped = stopped.withLock { s -> Bool in defer { s = true }; return s }
         guard !wasStopped else { return }
         wake.signal()
         pushThreadDone.wait()
+        if pulling.withLock({ $0 }) { pullThreadDone.wait() }
+        observer.withLock { $0 = nil }
+    }
+
+    func pullLoop(pollInterval: Double) {
+        let watcher = store.watchJournal(container: container)
+        defer { watcher?.close(); pullThreadDone.signal() }
+        while !stopped.withLock({ $0 }) {
+            do {
+                try pull()
+            } catch {
+                record(error: error)
+            }
+            if let watcher {
+                watcher.wait(timeout: pollInterval)
+            } else {
+                Thread.sleep(forTimeInterval: pollInterval)
+            }
+        }
     }
 
     func pushLoop() {
@@ -245,12 +275,21 @@ public final class SyncEngine: Sendable {
         var entries: [(key: EntryKey, change: UInt64)]
     }
 
+    /// The change set for everything unpushed. A file whose new content is
+    /// not snapshotted yet (a writer has it open, or it was written within the
+    /// write-back delay) waits for its content: other devices get its new
+    /// state in one piece, and a new file never appears empty first.
     func buildBatch(_ ns: Namespace, snapshots: [UInt64: ContentSnapshot]) -> Batch {
         var nodeChanges: [Change] = []
         var deletions: [Change] = []
         var nodes: [(UInt64, UInt64)] = []
+        var waitingForContent = Set<UInt64>()
         for node in ns.unpushedNodes() {
             let snapshot = snapshots[node.ino].flatMap { $0.generation == node.contentGeneration ? $0 : nil }
+            if node.hasUnpushedContent && snapshot == nil && !node.unlinked {
+                waitingForContent.insert(node.ino)
+                continue
+            }
             guard node.hasUnpushedMetadata || snapshot != nil else { continue }
             nodes.append((node.ino, node.change))
             if node.unlinked {
@@ -264,9 +303,12 @@ public final class SyncEngine: Sendable {
         var entryChanges: [Change] = []
         var entries: [(EntryKey, UInt64)] = []
         for (key, change) in ns.pendingEntries {
+            let childIno = ns.lookup(key.parent, key.name)
+            // An entry naming a new node that waits for its content waits with it.
+            if let childIno, waitingForContent.contains(childIno), ns.node(childIno)?.version == 0 { continue }
             entries.append((key, change))
             guard let parent = ns.node(key.parent) else { continue }
-            let child = ns.lookup(key.parent, key.name).flatMap { ns.node($0)?.id }
+            let child = childIno.flatMap { ns.node($0)?.id }
             if parent.unlinked && child == nil && parent.version == 0 { continue }
             entryChanges.append(.entry(parent: parent.id, name: key.name, child: child))
         }
