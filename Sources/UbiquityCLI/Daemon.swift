@@ -74,6 +74,8 @@ final class Daemon: @unchecked Sendable {
 
     /// Run until unmounted. Calls `ready` once the mount is usable.
     func run() throws {
+        // Few malloc arenas: 16 FUSE threads must not each keep their own heap.
+        LinuxCalls.limitMallocArenas(2)
         let mountpoint = try Self.validateMountpoint(request.mountpoint)
         try ContainerConfig.validate(id: request.container)
         let device = try DeviceIdentity.load(dataHome: locations.dataHome)

@@ -90,6 +90,7 @@ public final class FileSystem: Sendable {
     }
 
     public var attributeTimeout: Double { options.attributeTimeout }
+    public var entryTimeout: Double { options.entryTimeout }
 
     public func setattr(ino: UInt64, changes: AttributeChanges, handle: UInt64?) throws -> Attributes {
         if let size = changes.size {
@@ -162,8 +163,11 @@ public final class FileSystem: Sendable {
     /// (group from a set-gid parent, which new directories inherit). For a
     /// regular file the cache file is created first (outside the lock, under
     /// a reserved inode number) and its descriptor returned, open read-write.
+    ///
+    /// `create` passes `durable: false`: the file is committed with its
+    /// content at `close` (a file never closed is not acknowledged data).
     func makeNode(parent: UInt64, name: FileName, kind: NodeKind, mode: UInt32, caller: Caller,
-                  rdev: UInt64 = 0, target: String? = nil) throws -> (node: LocalNode, fd: Int32?) {
+                  rdev: UInt64 = 0, target: String? = nil, durable: Bool = true) throws -> (node: LocalNode, fd: Int32?) {
         try Self.checkName(name)
         var reserved: UInt64?
         var fd: Int32?
@@ -193,7 +197,7 @@ public final class FileSystem: Sendable {
                 ns.updateRuntime(ino) { $0.lookups += 1 }
                 return ns.node(ino)!
             }
-            try commit()
+            if durable { try commit() }
         } catch {
             if let fd, let reserved {
                 close(fd)
@@ -222,7 +226,7 @@ public final class FileSystem: Sendable {
     }
 
     public func create(parent: UInt64, name: FileName, mode: UInt32, flags: Int32, caller: Caller) throws -> (EntryReply, OpenReply) {
-        let made = try makeNode(parent: parent, name: name, kind: .file, mode: mode, caller: caller)
+        let made = try makeNode(parent: parent, name: name, kind: .file, mode: mode, caller: caller, durable: false)
         let writable = flags & O_ACCMODE != O_RDONLY
         let opened = register(ino: made.node.ino, fd: made.fd!, writable: writable)
         return (entryReply(made.node), opened)

@@ -97,8 +97,15 @@ func makeOperations() -> fuse_lowlevel_ops {
         let ctx = FUSEContext.from(req)
         let name = Convert.name(name)
         ctx.serve(req, "lookup") {
-            var e = Convert.entry(try ctx.fs.lookup(parent: UInt64(parent), name: name))
-            fuse_reply_entry(req, &e)
+            do {
+                var e = Convert.entry(try ctx.fs.lookup(parent: UInt64(parent), name: name))
+                fuse_reply_entry(req, &e)
+            } catch let error as UbiquityError where error.errno == ENOENT {
+                // A negative entry the kernel may cache (invalidated when a pull creates the name).
+                var e = fuse_entry_param()
+                e.entry_timeout = ctx.fs.entryTimeout
+                fuse_reply_entry(req, &e)
+            }
         }
     }
 

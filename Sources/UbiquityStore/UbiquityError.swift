@@ -51,6 +51,9 @@ public func syscallRetrying<T: BinaryInteger>(_ context: @autoclosure () -> Stri
 public enum LinuxCalls {
     public static func syncfs(_ fd: Int32) -> Int32 { ubq_syncfs(fd) }
 
+    /// Limit glibc's malloc arenas (threads otherwise each grow their own heap).
+    public static func limitMallocArenas(_ count: Int32) { _ = ubq_limit_malloc_arenas(count) }
+
     /// Make the calling thread background work: nice 10 and the lowest
     /// best-effort I/O priority.
     public static func lowerThreadPriority() {

@@ -105,6 +105,8 @@ public final class SyncEngine: Sendable {
         while !stopped.withLock({ $0 }) {
             _ = wake.wait(timeout: .now() + 1)
             if stopped.withLock({ $0 }) { break }
+            // One round serves every change signalled so far.
+            while wake.wait(timeout: .now()) == .success {}
             // Let writers settle: a burst of changes becomes one commit.
             Thread.sleep(forTimeInterval: writeBackDelay)
             do {
