@@ -11,6 +11,8 @@ struct HandleTable: Sendable {
         var ino: UInt64
         var fd: Int32
         var writable: Bool
+        /// Opened while a placeholder: reads wait for the download (up to this size).
+        var streamingSize: UInt64?
     }
 
     struct Listing: Sendable {
@@ -42,19 +44,34 @@ extension FileSystem {
         case .file: break
         default: throw UbiquityError(ENXIO)   // the kernel opens special files itself
         }
+        guard node.isPlaceholder else { return try openFile(node: node, flags: flags) }
         var opened: OpenReply
-        if node.isPlaceholder {
-            if flags & O_TRUNC != 0 && flags & O_ACCMODE != O_RDONLY {
+        if flags & O_ACCMODE == O_RDONLY {
+            // Return at once; reads wait for the ranges they need.
+            let path = hooks.startDownload(ino: ino, background: false)
+            let fd = Glibc.open(path, O_RDONLY | O_CLOEXEC)
+            if fd < 0 && errno == ENOENT {
+                // The download finished (and was moved into place) in between.
+                let current = try replica.withNamespace { ns -> LocalNode in
+                    guard let node = ns.node(ino) else { throw UbiquityError(ENOENT) }
+                    return node
+                }
+                guard !current.isPlaceholder else { throw UbiquityError(EIO, "download of inode \(ino) vanished") }
+                opened = try openFile(node: current, flags: flags)
+            } else {
+                guard fd >= 0 else { throw UbiquityError.posix("open download of inode \(ino)") }
+                opened = register(ino: ino, fd: fd, writable: false, streamingSize: node.hashSize)
+            }
+        } else {
+            if flags & O_TRUNC != 0 {
                 try truncate(ino: ino, size: 0, handle: nil)
             } else {
-                try hooks.fetchContent(ino: ino)
+                try hooks.download(ino: ino)
             }
-            // New content: the kernel must drop pages it may still hold from the old one.
-            opened = try openFile(node: node, flags: flags)
-            opened.keepCache = false
-        } else {
             opened = try openFile(node: node, flags: flags)
         }
+        // New content: the kernel must drop pages it may still hold from an older version.
+        opened.keepCache = false
         return opened
     }
 
@@ -82,7 +99,7 @@ extension FileSystem {
     }
 
     /// Count the open and hand out a handle for `fd`.
-    func register(ino: UInt64, fd: Int32, writable: Bool) -> OpenReply {
+    func register(ino: UInt64, fd: Int32, writable: Bool, streamingSize: UInt64? = nil) -> OpenReply {
         replica.withNamespace { ns in
             ns.updateRuntime(ino) {
                 $0.openCount += 1
@@ -91,7 +108,7 @@ extension FileSystem {
         }
         let handle = handles.withLock { table in
             let handle = table.allocate()
-            table.files[handle] = HandleTable.OpenFile(ino: ino, fd: fd, writable: writable)
+            table.files[handle] = HandleTable.OpenFile(ino: ino, fd: fd, writable: writable, streamingSize: streamingSize)
             return handle
         }
         return OpenReply(handle: handle, keepCache: true)
@@ -104,6 +121,9 @@ extension FileSystem {
 
     public func read(handle: UInt64, offset: Int64, size: Int) throws -> ReadReply {
         let file = try openFileFor(handle)
+        if let total = file.streamingSize, UInt64(offset) < total {
+            try hooks.waitForContent(ino: file.ino, upTo: min(total, UInt64(offset) + UInt64(size)))
+        }
         return .fileRange(fd: file.fd, offset: offset, size: size)
     }
 

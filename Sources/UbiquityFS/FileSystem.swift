@@ -134,7 +134,7 @@ public final class FileSystem: Sendable {
                 close(try replica.createCacheFile(ino))
                 replica.withNamespace { ns in ns.update(ino, local: false) { $0.hasContent = true } }
             } else {
-                try hooks.fetchContent(ino: ino)
+                try hooks.download(ino: ino)
             }
         }
         if let handle, let fd = handles.withLock({ $0.files[handle]?.fd }) {

@@ -110,8 +110,13 @@ public struct RenameFlags: OptionSet, Sendable {
 public protocol SyncHooks: Sendable {
     /// Something changed locally that will need pushing.
     func localChangeRecorded()
-    /// Make the content of placeholder `ino` local (blocking), or throw.
-    func fetchContent(ino: UInt64) throws
+    /// Start streaming the content of placeholder `ino`; returns the path of
+    /// the file receiving it (to open for reading).
+    func startDownload(ino: UInt64, background: Bool) -> String
+    /// Wait until bytes `0..<upTo` of `ino` are downloaded and verified, or throw `EIO`.
+    func waitForContent(ino: UInt64, upTo: UInt64) throws
+    /// Download all of `ino` and wait for it, or throw `EIO`.
+    func download(ino: UInt64) throws
 }
 
 public struct FileSystemOptions: Sendable {

@@ -35,7 +35,7 @@ final class Index: Sendable {
                   ino INTEGER PRIMARY KEY, id TEXT NOT NULL UNIQUE, kind TEXT NOT NULL,
                   mode INTEGER NOT NULL, uid INTEGER NOT NULL, gid INTEGER NOT NULL,
                   size INTEGER NOT NULL, rdev INTEGER NOT NULL, target TEXT,
-                  hash TEXT, hash_size INTEGER NOT NULL,
+                  hash TEXT, hash_size INTEGER NOT NULL, chunked INTEGER NOT NULL,
                   atime INTEGER NOT NULL, mtime INTEGER NOT NULL, ctime INTEGER NOT NULL, btime INTEGER NOT NULL,
                   xattrs BLOB, has_content INTEGER NOT NULL,
                   content_gen INTEGER NOT NULL, pushed_gen INTEGER NOT NULL,
@@ -55,7 +55,7 @@ final class Index: Sendable {
         guard !ops.isEmpty else { return }
         try db.write { db in
             let upsert = try db.cachedStatement(sql: """
-                INSERT OR REPLACE INTO node VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)
+                INSERT OR REPLACE INTO node VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)
                 """)
             for op in ops {
                 switch op {
@@ -63,7 +63,7 @@ final class Index: Sendable {
                     let xattrs: Data? = n.xattrs.isEmpty ? nil : try JSONEncoder().encode(n.xattrs)
                     let args: [(any DatabaseValueConvertible)?] = [
                         Int64(bitPattern: n.ino), n.id, n.kind.rawValue, Int64(n.mode), Int64(n.uid), Int64(n.gid),
-                        Int64(bitPattern: n.size), Int64(bitPattern: n.rdev), n.target, n.hash, Int64(bitPattern: n.hashSize),
+                        Int64(bitPattern: n.size), Int64(bitPattern: n.rdev), n.target, n.hash, Int64(bitPattern: n.hashSize), n.chunked,
                         n.atime.nanoseconds, n.mtime.nanoseconds, n.ctime.nanoseconds, n.btime.nanoseconds,
                         xattrs, n.hasContent, Int64(bitPattern: n.contentGeneration), Int64(bitPattern: n.pushedGeneration),
                         Int64(bitPattern: n.version), Int64(bitPattern: n.change), Int64(bitPattern: n.pushed), n.unlinked,
@@ -111,6 +111,7 @@ final class Index: Sendable {
                                   target: row["target"], time: Timespec(nanoseconds: row["mtime"]))
                 n.hash = row["hash"]
                 n.hashSize = UInt64(bitPattern: row["hash_size"])
+                n.chunked = row["chunked"]
                 n.atime = Timespec(nanoseconds: row["atime"])
                 n.ctime = Timespec(nanoseconds: row["ctime"])
                 n.btime = Timespec(nanoseconds: row["btime"])

@@ -24,6 +24,8 @@ public struct LocalNode: Sendable {
     /// Hash and size of the content last pushed to or pulled from the store.
     public var hash: String?
     public var hashSize: UInt64
+    /// `hash` names a chunk manifest (content larger than one chunk).
+    public var chunked: Bool
     public var atime: Timespec
     public var mtime: Timespec
     public var ctime: Timespec
@@ -53,7 +55,7 @@ public struct LocalNode: Sendable {
                 size: UInt64 = 0, rdev: UInt64 = 0, target: String? = nil, time: Timespec) {
         self.ino = ino; self.id = id; self.kind = kind; self.mode = mode; self.uid = uid; self.gid = gid
         self.size = size; self.rdev = rdev; self.target = target
-        self.hash = nil; self.hashSize = 0
+        self.hash = nil; self.hashSize = 0; self.chunked = false
         self.atime = time; self.mtime = time; self.ctime = time; self.btime = time
         self.xattrs = [:]
         self.hasContent = true
@@ -69,11 +71,12 @@ public struct LocalNode: Sendable {
     public var isPlaceholder: Bool { kind == .file && !hasContent }
 
     /// The state to commit to the store for this node, with content `hash`/`size`.
-    public func sharedState(hash: String?, size: UInt64) -> NodeState {
+    public func sharedState(hash: String?, size: UInt64, chunked: Bool) -> NodeState {
         NodeState(id: id, kind: kind, mode: mode, uid: uid, gid: gid,
                   size: kind == .file ? size : (kind == .symlink ? UInt64(target?.utf8.count ?? 0) : 0),
                   hash: kind == .file ? hash : nil, target: target, rdev: rdev,
-                  mtime: mtime, ctime: ctime, btime: btime, xattrs: xattrs, base: version)
+                  mtime: mtime, ctime: ctime, btime: btime, xattrs: xattrs, base: version,
+                  chunked: kind == .file && hash != nil && chunked)
     }
 }
 

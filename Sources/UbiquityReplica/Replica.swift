@@ -10,7 +10,7 @@ import Glibc
 ///
 /// Layout under `$XDG_DATA_HOME/ubiquityfs/replicas/STORE-ID/CONTAINER/`:
 /// `index.sqlite` (+ WAL), `cache/XX/INO` (content by inode number),
-/// `staging/` (immutable snapshots being uploaded), `daemon.log`, `lock`.
+/// `cache/XX/INO.part` (downloads in progress), `daemon.log`, `lock`.
 ///
 /// Lock order (outermost first): `Replica.writer` → `Replica.namespace`.
 /// `namespace` is held only for in-memory work — never across I/O, a store
@@ -19,7 +19,6 @@ import Glibc
 public final class Replica: Sendable {
     public let directory: URL
     public let cacheDirectory: URL
-    public let stagingDirectory: URL
     let index: Index
     let namespace: Mutex<Namespace>
     let writer = Mutex<Int>(0)
@@ -30,7 +29,6 @@ public final class Replica: Sendable {
     public init(directory: URL, rootOwner: (uid: UInt32, gid: UInt32)) throws {
         self.directory = directory
         cacheDirectory = directory.appendingPathComponent("cache")
-        stagingDirectory = directory.appendingPathComponent("staging")
         let fm = FileManager.default
         do {
             try fm.createDirectory(at: directory, withIntermediateDirectories: true)
@@ -52,8 +50,6 @@ public final class Replica: Sendable {
         _ = pid.withCString { pwrite(lockFD, $0, strlen($0), 0) }
 
         try? fm.createDirectory(at: cacheDirectory, withIntermediateDirectories: true)
-        try? fm.removeItem(at: stagingDirectory)
-        try? fm.createDirectory(at: stagingDirectory, withIntermediateDirectories: true)
 
         do {
             index = try Index(path: directory.appendingPathComponent("index.sqlite").path)
@@ -162,9 +158,6 @@ public final class Replica: Sendable {
         }
         throw UbiquityError.posix("install downloaded content for inode \(ino)")
     }
-
-    /// A fresh path in the staging area.
-    public func stagingPath() -> URL { stagingDirectory.appendingPathComponent(UUID().uuidString) }
 
     /// Bytes used by the content cache (st_blocks), for status and limits.
     public func cacheUsage() -> UInt64 {

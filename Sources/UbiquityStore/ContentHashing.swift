@@ -4,41 +4,8 @@ import Foundation
 import Glibc
 #endif
 
-/// Copying file content while computing its SHA-256, the one way content
-/// moves between the cache, the staging area and the store.
+/// SHA-256 names of content (lower-case hex).
 public enum ContentCopy {
-    public static let bufferSize = 1 << 20
-
-    /// Copy everything readable from `source` (from offset 0) into
-    /// `destination` (from offset 0, truncated first) and return the SHA-256
-    /// hex digest and the byte count. `destination` may be -1 to only hash.
-    public static func copy(from source: Int32, to destination: Int32,
-                            progress: (UInt64) -> Void = { _ in }) throws -> (hash: String, size: UInt64) {
-        var hasher = SHA256()
-        var offset: off_t = 0
-        let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: bufferSize, alignment: 4096)
-        defer { buffer.deallocate() }
-        if destination >= 0 { try syscallRetrying("truncate copy destination") { ftruncate(destination, 0) } }
-        while true {
-            let n = try syscallRetrying("read content") { pread(source, buffer.baseAddress, bufferSize, offset) }
-            if n == 0 { break }
-            let chunk = UnsafeRawBufferPointer(rebasing: buffer[0..<n])
-            hasher.update(bufferPointer: chunk)
-            if destination >= 0 {
-                var written = 0
-                while written < n {
-                    let w = try syscallRetrying("write content") {
-                        pwrite(destination, chunk.baseAddress! + written, n - written, offset + off_t(written))
-                    }
-                    written += w
-                }
-            }
-            offset += off_t(n)
-            progress(UInt64(offset))
-        }
-        return (hex(hasher.finalize()), UInt64(offset))
-    }
-
     public static func hash(of data: Data) -> String { hex(SHA256.hash(data: data)) }
 
     static func hex<D: Sequence>(_ digest: D) -> String where D.Element == UInt8 {

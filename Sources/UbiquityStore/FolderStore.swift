@@ -165,33 +165,6 @@ public final class FolderStore: Store {
         return access(blobURL(hash).path, F_OK) == 0
     }
 
-    public func putBlob(_ hash: String, from source: URL) throws {
-        precondition(ContentCopy.isValidHash(hash))
-        try checkReachable()
-        let destination = blobURL(hash)
-        if access(destination.path, F_OK) == 0 { return }
-        // Same filesystem: a hard link publishes the immutable staging file at no cost.
-        if link(source.path, destination.path) == 0 || errno == EEXIST { return }
-        if errno == ENOENT {
-            try? FileManager.default.createDirectory(at: destination.deletingLastPathComponent(), withIntermediateDirectories: true)
-            if link(source.path, destination.path) == 0 || errno == EEXIST { return }
-        }
-        let tmp = root.appendingPathComponent("tmp").appendingPathComponent(UUID().uuidString)
-        let input = try syscallRetrying("open \(source.path)") { open(source.path, O_RDONLY | O_CLOEXEC) }
-        defer { close(input) }
-        let output = try syscallRetrying("create \(tmp.path)") { open(tmp.path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o444) }
-        do {
-            let (copied, _) = try ContentCopy.copy(from: input, to: output)
-            guard copied == hash else { throw UbiquityError(EIO, "content of \(source.path) changed while uploading") }
-            close(output)
-            if rename(tmp.path, destination.path) != 0 { throw UbiquityError.posix("publish blob \(hash)") }
-        } catch {
-            close(output)
-            unlink(tmp.path)
-            throw error
-        }
-    }
-
     public func putBlob(_ hash: String, data: Data) throws {
         precondition(ContentCopy.isValidHash(hash))
         try checkReachable()
@@ -218,18 +191,31 @@ public final class FolderStore: Store {
         try syscallRetrying("syncfs \(root.path)") { LinuxCalls.syncfs(fd) }
     }
 
-    public func fetchBlob(_ hash: String, to destination: URL, progress: (UInt64) -> Void) throws {
+    public func fetchBlob(_ hash: String) throws -> Data {
         try checkReachable()
-        let source = blobURL(hash)
-        let input = open(source.path, O_RDONLY | O_CLOEXEC)
-        guard input >= 0 else {
-            throw UbiquityError(errno == ENOENT ? EIO : errno, "blob \(hash) missing from store: \(String(cString: strerror(errno)))")
+        let path = blobURL(hash).path
+        let fd = open(path, O_RDONLY | O_CLOEXEC)
+        guard fd >= 0 else {
+            let code = errno
+            throw UbiquityError(EIO, "blob \(hash) missing from the store: \(String(cString: strerror(code)))")
         }
-        defer { close(input) }
-        let output = try syscallRetrying("open \(destination.path)") { open(destination.path, O_WRONLY | O_CREAT | O_CLOEXEC, 0o600) }
-        defer { close(output) }
-        let (copied, _) = try ContentCopy.copy(from: input, to: output, progress: progress)
-        guard copied == hash else { throw UbiquityError(EIO, "blob \(hash) in the store is damaged (content hashes to \(copied))") }
+        defer { close(fd) }
+        var st = stat()
+        guard fstat(fd, &st) == 0 else { throw UbiquityError.posix("stat blob \(hash)") }
+        var data = Data(count: Int(st.st_size))
+        var done = 0
+        try data.withUnsafeMutableBytes { raw in
+            while done < raw.count {
+                let n = try syscallRetrying("read blob \(hash)") { pread(fd, raw.baseAddress! + done, raw.count - done, off_t(done)) }
+                if n == 0 { break }
+                done += n
+            }
+        }
+        data.count = done
+        guard ContentCopy.hash(of: data) == hash else {
+            throw UbiquityError(EIO, "blob \(hash) in the store is damaged (its content does not match its name)")
+        }
+        return data
     }
 
     /// Write `data` to a temporary file, fsync it, then publish it at `url`:

@@ -82,13 +82,16 @@ public struct NodeState: Codable, Hashable, Sendable {
     public var btime: Timespec
     public var xattrs: [String: Data]
     public var base: UInt64
+    /// Set when the content is chunked: `hash` then names a `ChunkManifest` blob.
+    public var chunked: Bool?
 
     public init(id: NodeID, kind: NodeKind, mode: UInt32, uid: UInt32, gid: UInt32, size: UInt64,
                 hash: String?, target: String?, rdev: UInt64, mtime: Timespec, ctime: Timespec,
-                btime: Timespec, xattrs: [String: Data], base: UInt64) {
+                btime: Timespec, xattrs: [String: Data], base: UInt64, chunked: Bool = false) {
         self.id = id; self.kind = kind; self.mode = mode; self.uid = uid; self.gid = gid
         self.size = size; self.hash = hash; self.target = target; self.rdev = rdev
         self.mtime = mtime; self.ctime = ctime; self.btime = btime; self.xattrs = xattrs; self.base = base
+        self.chunked = chunked ? true : nil
     }
 }
 
@@ -178,6 +181,51 @@ public struct ContainerConfig: Codable, Hashable, Sendable {
         guard !id.isEmpty, id.count <= 200, id.unicodeScalars.allSatisfy({ allowed.contains($0) }),
               !id.hasPrefix("."), !id.hasSuffix("."), !id.contains("..") else {
             throw UbiquityError(EINVAL, "invalid container ID '\(id)': use letters, digits, '-', '_' and dots, like com.example.notes")
+        }
+    }
+}
+
+/// How content is laid out in blobs. Content up to `chunkSize` is one blob
+/// named by its SHA-256. Larger content is cut into `chunkSize` chunks, each a
+/// blob, listed by a manifest blob that the node's `hash` names: a device
+/// can verify and serve the first chunk of a large file long before the
+/// last one has arrived, and resume an interrupted download chunk by chunk.
+public enum ContentLayout {
+    public static let chunkSize = 4 << 20
+}
+
+/// The manifest of chunked content (a blob, JSON with sorted keys, so equal
+/// content has an equal manifest and an equal hash).
+public struct ChunkManifest: Codable, Sendable, Equatable {
+    public var chunkSize: UInt64
+    public var size: UInt64
+    public var chunks: [String]
+
+    public init(chunkSize: UInt64, size: UInt64, chunks: [String]) {
+        self.chunkSize = chunkSize
+        self.size = size
+        self.chunks = chunks
+    }
+
+    public func encoded() throws -> Data {
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = [.sortedKeys]
+        return try encoder.encode(self)
+    }
+
+    public static func decode(_ data: Data) throws -> ChunkManifest {
+        do {
+            let manifest = try JSONDecoder().decode(ChunkManifest.self, from: data)
+            let expected = manifest.chunkSize == 0 ? 0 : (manifest.size + manifest.chunkSize - 1) / manifest.chunkSize
+            guard manifest.chunkSize > 0, UInt64(manifest.chunks.count) == expected,
+                  manifest.chunks.allSatisfy(ContentCopy.isValidHash) else {
+                throw UbiquityError(EIO, "chunk manifest is inconsistent")
+            }
+            return manifest
+        } catch let error as UbiquityError {
+            throw error
+        } catch {
+            throw UbiquityError(EIO, "chunk manifest is damaged: \(error)")
         }
     }
 }

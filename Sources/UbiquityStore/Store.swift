@@ -24,18 +24,15 @@ public protocol Store: Sendable {
     func journal(container: String, after seq: UInt64, limit: Int) throws -> [(seq: UInt64, changeSet: ChangeSet)]
 
     func hasBlob(_ hash: String) throws -> Bool
-    /// Store the content of the local file `source` as blob `hash`. The caller
-    /// computed `hash` from exactly these bytes and never changes the file again.
-    func putBlob(_ hash: String, from source: URL) throws
-    /// Store `data` as blob `hash` (small content, snapshotted in memory).
+    /// Store `data` as blob `hash` (the caller hashed exactly these bytes).
+    /// Blobs are at most one chunk (`ContentLayout.chunkSize`) or a manifest.
     func putBlob(_ hash: String, data: Data) throws
     /// Make every blob stored so far durable before a journal record names
     /// it (called once per commit, not once per blob).
     func flushBlobs() throws
-    /// Copy blob `hash` into the local file `destination` (created or
-    /// truncated), verifying its SHA-256. `progress` is called with the bytes
-    /// copied so far.
-    func fetchBlob(_ hash: String, to destination: URL, progress: (UInt64) -> Void) throws
+    /// The bytes of blob `hash`, verified against it: a damaged or missing
+    /// blob is `EIO`, never data.
+    func fetchBlob(_ hash: String) throws -> Data
 
     /// A way to sleep until the container's journal may have grown, if the
     /// store has one cheaper than polling (nil: poll).

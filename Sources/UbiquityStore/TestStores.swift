@@ -51,12 +51,6 @@ public final class InMemoryStore: Store {
 
     public func hasBlob(_ hash: String) throws -> Bool { state.withLock { $0.blobs[hash] != nil } }
 
-    public func putBlob(_ hash: String, from source: URL) throws {
-        let data = try Data(contentsOf: source)
-        guard ContentCopy.hash(of: data) == hash else { throw UbiquityError(EIO, "content changed while uploading") }
-        state.withLock { $0.blobs[hash] = data }
-    }
-
     public func putBlob(_ hash: String, data: Data) throws {
         guard ContentCopy.hash(of: data) == hash else { throw UbiquityError(EIO, "content does not match its hash") }
         state.withLock { $0.blobs[hash] = data }
@@ -64,11 +58,10 @@ public final class InMemoryStore: Store {
 
     public func flushBlobs() throws {}
 
-    public func fetchBlob(_ hash: String, to destination: URL, progress: (UInt64) -> Void) throws {
+    public func fetchBlob(_ hash: String) throws -> Data {
         guard let data = state.withLock({ $0.blobs[hash] }) else { throw UbiquityError(EIO, "blob \(hash) missing from store") }
         guard ContentCopy.hash(of: data) == hash else { throw UbiquityError(EIO, "blob \(hash) in the store is damaged") }
-        try data.write(to: destination)
-        progress(UInt64(data.count))
+        return data
     }
 
     /// Test helper: replace a blob's bytes (to simulate damage in the store).
@@ -85,6 +78,7 @@ public final class FaultyStore: Store {
 
     let base: any Store
     let failing = Mutex<Set<Operation>>([])
+    let delay = Mutex<Double?>(nil)
     public var storeID: String { base.storeID }
 
     public init(_ base: any Store) { self.base = base }
@@ -107,17 +101,17 @@ public final class FaultyStore: Store {
         return try base.journal(container: container, after: seq, limit: limit)
     }
     public func hasBlob(_ hash: String) throws -> Bool { try base.hasBlob(hash) }
-    public func putBlob(_ hash: String, from source: URL) throws {
-        try check(.putBlob)
-        try base.putBlob(hash, from: source)
-    }
     public func putBlob(_ hash: String, data: Data) throws {
         try check(.putBlob)
         try base.putBlob(hash, data: data)
     }
     public func flushBlobs() throws { try base.flushBlobs() }
-    public func fetchBlob(_ hash: String, to destination: URL, progress: (UInt64) -> Void) throws {
+    public func fetchBlob(_ hash: String) throws -> Data {
         try check(.fetchBlob)
-        try base.fetchBlob(hash, to: destination, progress: progress)
+        if let delay = delay.withLock({ $0 }) { Thread.sleep(forTimeInterval: delay) }
+        return try base.fetchBlob(hash)
     }
+
+    /// Make every blob fetch take this long (a slow store), or nil.
+    public func slowFetches(by seconds: Double?) { delay.withLock { $0 = seconds } }
 }

@@ -34,6 +34,7 @@ extension SyncEngine {
         }
         status.withLock { s in s.lastSync = Date(); s.storeReachable = true }
         if !all.isEmpty, let observer = observer.withLock({ $0 }) { observer.replicaChanged(all) }
+        for ino in all.refresh { startDownload(ino: ino, background: true) }
         return all
     }
 
@@ -44,21 +45,27 @@ extension SyncEngine {
             guard case .node(let state) = change else { continue }
             if let ino = ns.inoByID[state.id] {
                 var contentChanged = false
+                var refresh = false
                 ns.update(ino, local: false) { n in
                     contentChanged = n.kind == .file && (state.hash != n.hash || state.size != n.hashSize)
+                        && !n.hasUnpushedContent
                     n.mode = state.mode; n.uid = state.uid; n.gid = state.gid
                     n.mtime = state.mtime; n.ctime = state.ctime; n.btime = state.btime
                     n.target = state.target; n.rdev = state.rdev; n.xattrs = state.xattrs
                     n.version = seq
                     if contentChanged {
+                        if n.hasContent { refresh = true }
                         n.hash = state.hash
                         n.hashSize = state.size
+                        n.chunked = state.chunked ?? false
                         n.size = state.size
                         n.hasContent = false   // fetched (or created empty) on open
                         n.pushedGeneration = n.contentGeneration
                     }
                 }
                 touched.node(ino, contentChanged: contentChanged, in: ns)
+                // Content this device had stays downloaded: fetch the new version in the background.
+                if refresh { touched.refresh.append(ino) }
             } else {
                 let ino = ns.createNode(id: state.id, kind: state.kind, mode: state.mode, uid: state.uid, gid: state.gid,
                                         rdev: state.rdev, target: state.target, time: state.mtime, local: false)
@@ -67,6 +74,7 @@ extension SyncEngine {
                     n.xattrs = state.xattrs
                     n.hash = state.hash
                     n.hashSize = state.size
+                    n.chunked = state.chunked ?? false
                     n.size = state.kind == .symlink ? UInt64(state.target?.utf8.count ?? 0) : state.size
                     n.hasContent = state.kind != .file
                     n.version = seq
@@ -103,32 +111,6 @@ extension SyncEngine {
         return touched
     }
 
-    /// Make the content of `ino` local: fetch its blob (verified) into the cache.
-    public func fetchContent(ino: UInt64) throws {
-        try fetchLock.withLock { _ in
-            guard let node = replica.withNamespace({ ns in ns.node(ino) }) else { throw UbiquityError(ENOENT) }
-            guard node.isPlaceholder else { return }
-            let staged = replica.stagingPath()
-            defer { try? FileManager.default.removeItem(at: staged) }
-            if let hash = node.hash {
-                do {
-                    try store.fetchBlob(hash, to: staged, progress: { _ in })
-                } catch {
-                    record(error: error)
-                    throw UbiquityError(EIO, "cannot download \(node.id): \(error)")
-                }
-            } else {
-                FileManager.default.createFile(atPath: staged.path, contents: nil)
-            }
-            try replica.installCacheFile(from: staged.path, ino)
-            replica.withNamespace { ns in
-                ns.update(ino, local: false) { n in
-                    if n.hash == node.hash { n.hasContent = true; n.size = n.hashSize }
-                }
-            }
-            try replica.persist()
-        }
-    }
 }
 
 /// What a pull changed, limited to what the kernel may have cached (nodes
@@ -137,6 +119,8 @@ extension SyncEngine {
 public struct ReplicaChanges: Sendable {
     public var entries: [(parent: UInt64, name: FileName)] = []
     public var nodes: [UInt64: Bool] = [:]   // ino → content changed
+    /// Files whose local content was replaced by a newer remote version.
+    public var refresh: [UInt64] = []
     public var count = 0                      // every change applied, cached or not
 
     public var isEmpty: Bool { count == 0 }
@@ -156,6 +140,7 @@ public struct ReplicaChanges: Sendable {
     mutating func merge(_ other: ReplicaChanges) {
         entries += other.entries
         nodes.merge(other.nodes) { $0 || $1 }
+        refresh += other.refresh
         count += other.count
     }
 }

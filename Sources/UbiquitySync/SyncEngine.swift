@@ -12,11 +12,12 @@ import Glibc
 ///
 /// **Push.** A dedicated thread wakes on local changes, waits the
 /// write-back delay, then: snapshots the content of every changed file that
-/// has no open writer into the staging area (hashing it as it copies),
-/// checks that the file's content generation did not move meanwhile
-/// (coordinated access: an open for writing or a truncation bumps it, so a
-/// torn snapshot is detected and dropped), uploads the blobs, and commits one
-/// change set with the current state of every changed node and entry.
+/// has no open writer (hashing it chunk by chunk, uploading what the store
+/// lacks), checks that the file's content generation did not move meanwhile
+/// (coordinated access: an open for writing, a write or a truncation moves
+/// it, so a torn snapshot is detected and dropped), flushes the blobs, and
+/// commits one change set with the current state of every changed node and
+/// entry.
 /// The commit creates `journal/<applied+1>` exclusively; losing that race
 /// means another device committed first: the engine applies its records and
 /// retries.
@@ -40,7 +41,7 @@ public final class SyncEngine: Sendable {
     let observer = Mutex<(any ReplicaObserver)?>(nil)
     let pullThreadDone = DispatchSemaphore(value: 0)
     let pulling = Mutex(false)
-    let fetchLock = Mutex<Int>(0)
+    let downloads = DownloadBoard()
     let wake = DispatchSemaphore(value: 0)
     let status = Mutex(SyncStatus())
     let stopped = Mutex(false)
@@ -163,6 +164,9 @@ public final class SyncEngine: Sendable {
         var generation: UInt64
         var hash: String
         var size: UInt64
+        var chunked: Bool
+        /// Blobs were written to the store (they must be flushed before the commit).
+        var uploaded: Bool
     }
 
     /// One round of pushing. Returns whether anything was committed.
@@ -181,20 +185,12 @@ public final class SyncEngine: Sendable {
             }.map { ($0.ino, $0.contentGeneration, $0.hash) }
         }
         var snapshots: [UInt64: ContentSnapshot] = [:]
-        var uploaded = false
         for (ino, generation, oldHash) in contentCandidates {
-            guard let snapshot = try snapshotContent(ino: ino, generation: generation) else { continue }
-            if snapshot.hash != oldHash {
-                switch snapshot.content {
-                case .bytes(let data): try store.putBlob(snapshot.hash, data: data)
-                case .staged(let url): try store.putBlob(snapshot.hash, from: url)
-                }
-                uploaded = true
+            if let snapshot = try uploadContent(ino: ino, generation: generation, previousHash: oldHash) {
+                snapshots[ino] = snapshot
             }
-            if case .staged(let url) = snapshot.content { unlink(url.path) }
-            snapshots[ino] = ContentSnapshot(ino: ino, generation: generation, hash: snapshot.hash, size: snapshot.size)
         }
-        if uploaded { try store.flushBlobs() }
+        if snapshots.values.contains(where: \.uploaded) { try store.flushBlobs() }
 
         while true {
             let batch = replica.withNamespace { ns in buildBatch(ns, snapshots: snapshots) }
@@ -221,52 +217,73 @@ public final class SyncEngine: Sendable {
         }
     }
 
-    enum SnapshotContent {
-        case bytes(Data)
-        case staged(URL)
-    }
-
-    /// Content up to this size is snapshotted in memory: no staging file.
-    static let inMemorySnapshotLimit = 4 << 20
-
-    /// Snapshot the cache file of `ino` (in memory if small, else into a
-    /// staging file) while hashing it; nil if the content changed meanwhile
-    /// — the snapshot would be torn.
-    func snapshotContent(ino: UInt64, generation: UInt64) throws -> (content: SnapshotContent, hash: String, size: UInt64)? {
+    /// Snapshot the cache file of `ino` and upload what the store lacks.
+    /// Content up to one chunk is read into memory, hashed, and uploaded only
+    /// if the generation did not move meanwhile. Larger content is read chunk
+    /// by chunk, each chunk uploaded as it is hashed, then the manifest; a
+    /// snapshot torn by a write leaves only unreferenced chunks behind. Nil
+    /// when the content changed during the snapshot: the next round retries.
+    func uploadContent(ino: UInt64, generation: UInt64, previousHash: String?) throws -> ContentSnapshot? {
         let source = open(replica.cachePath(ino), O_RDONLY | O_CLOEXEC)
         guard source >= 0 else { return nil }
         defer { close(source) }
         var st = stat()
         guard fstat(source, &st) == 0 else { return nil }
-        let result: (content: SnapshotContent, hash: String, size: UInt64)
-        if st.st_size <= Self.inMemorySnapshotLimit {
-            var data = Data(count: Int(st.st_size) + 1)
-            let n = data.withUnsafeMutableBytes { pread(source, $0.baseAddress, $0.count, 0) }
-            guard n >= 0, n <= Int(st.st_size) else { return nil }   // grew meanwhile: retry later
-            data.count = n
-            result = (.bytes(data), ContentCopy.hash(of: data), UInt64(n))
-        } else {
-            let staged = replica.stagingPath()
-            let destination = try syscallRetrying("create staging file") { open(staged.path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o444) }
-            do {
-                let copied = try ContentCopy.copy(from: source, to: destination)
-                close(destination)
-                result = (.staged(staged), copied.hash, copied.size)
-            } catch {
-                close(destination)
-                unlink(staged.path)
-                throw error
+        let chunkSize = ContentLayout.chunkSize
+        func stillUnchanged() -> Bool {
+            replica.withNamespace { ns in
+                guard let node = ns.node(ino) else { return false }
+                return node.contentGeneration == generation && node.openWriters == 0
             }
         }
-        let unchanged = replica.withNamespace { ns in
-            guard let node = ns.node(ino) else { return false }
-            return node.contentGeneration == generation && node.openWriters == 0
+        /// Exactly `count` bytes at `offset`, or nil if the file shrank meanwhile
+        /// (growth and every other change are caught by the generation check).
+        func readChunk(at offset: Int, count: Int) throws -> Data? {
+            var data = Data(count: count)
+            var done = 0
+            try data.withUnsafeMutableBytes { raw in
+                while done < count {
+                    let n = try syscallRetrying("read cache file") {
+                        pread(source, raw.baseAddress! + done, count - done, off_t(offset + done))
+                    }
+                    if n == 0 { break }
+                    done += n
+                }
+            }
+            return done == count ? data : nil
         }
-        guard unchanged else {
-            if case .staged(let url) = result.content { unlink(url.path) }
-            return nil
+        let size = Int(st.st_size)
+        if size <= chunkSize {
+            guard let data = try readChunk(at: 0, count: size), stillUnchanged() else { return nil }
+            let hash = ContentCopy.hash(of: data)
+            let upload = try hash != previousHash && !store.hasBlob(hash)
+            if upload { try store.putBlob(hash, data: data) }
+            return ContentSnapshot(ino: ino, generation: generation, hash: hash, size: UInt64(data.count),
+                                   chunked: false, uploaded: upload)
         }
-        return result
+        var chunks: [String] = []
+        var offset = 0
+        var uploaded = false
+        while offset < size {
+            let count = min(chunkSize, size - offset)
+            guard let data = try readChunk(at: offset, count: count), data.count == count else { return nil }
+            let hash = ContentCopy.hash(of: data)
+            if !(try store.hasBlob(hash)) {
+                try store.putBlob(hash, data: data)
+                uploaded = true
+            }
+            chunks.append(hash)
+            offset += count
+        }
+        guard stillUnchanged() else { return nil }
+        let manifest = try ChunkManifest(chunkSize: UInt64(chunkSize), size: UInt64(size), chunks: chunks).encoded()
+        let hash = ContentCopy.hash(of: manifest)
+        if try hash != previousHash && !store.hasBlob(hash) {
+            try store.putBlob(hash, data: manifest)
+            uploaded = true
+        }
+        return ContentSnapshot(ino: ino, generation: generation, hash: hash, size: UInt64(size),
+                               chunked: true, uploaded: uploaded)
     }
 
     struct Batch {
@@ -300,7 +317,8 @@ public final class SyncEngine: Sendable {
             }
             let hash = snapshot?.hash ?? node.hash
             let size = snapshot?.size ?? node.hashSize
-            nodeChanges.append(.node(node.sharedState(hash: hash, size: size)))
+            let chunked = snapshot?.chunked ?? node.chunked
+            nodeChanges.append(.node(node.sharedState(hash: hash, size: size, chunked: chunked)))
         }
         var entryChanges: [Change] = []
         var entries: [(EntryKey, UInt64)] = []
@@ -329,6 +347,7 @@ public final class SyncEngine: Sendable {
                     if let snapshot = snapshots[ino], snapshot.generation == n.contentGeneration {
                         n.hash = snapshot.hash
                         n.hashSize = snapshot.size
+                        n.chunked = snapshot.chunked
                         n.pushedGeneration = snapshot.generation
                     }
                     if n.unlinked { n.pushedGeneration = n.contentGeneration }

@@ -1,0 +1,215 @@
+import Foundation
+import UbiquityReplica
+import UbiquityStore
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Downloads of placeholder content, streamed into the cache.
+///
+/// A download writes `cache/…/INO.part` in order, chunk by chunk, each chunk
+/// verified against the manifest before its bytes count as *verified*. A
+/// reader that opened the placeholder reads that same file and waits only
+/// until the range it asked for is verified — the first 4 KiB of a large
+/// file come back after its first chunk, long before the last. When every
+/// chunk is in, the file is renamed over the cache path (readers keep their
+/// descriptor: same inode). An interrupted download resumes: chunks already
+/// in the partial file are re-verified instead of fetched again.
+///
+/// A reader gives up with `EIO` when the download fails (a missing or
+/// damaged blob, an unreachable store: at once) or makes no progress for
+/// `stallTimeout` seconds; the error is kept for `status`.
+final class DownloadBoard: @unchecked Sendable {
+    struct Job {
+        var hash: String?
+        var total: UInt64
+        var verified: UInt64 = 0
+        var done = false
+        var error: UbiquityError?
+        var lastProgress: Date = Date()
+    }
+
+    /// Guards `jobs`; readers wait on it for progress. (A condition, not a
+    /// `Mutex`, because waiting is the point.)
+    let condition = NSCondition()
+    var jobs: [UInt64: Job] = [:]
+    /// At most this many background refreshes at once (readers never wait for a slot).
+    let backgroundSlots = DispatchSemaphore(value: 2)
+
+    func withJobs<T>(_ body: (inout [UInt64: Job]) -> T) -> T {
+        condition.lock()
+        defer { condition.unlock() }
+        return body(&jobs)
+    }
+}
+
+extension SyncEngine {
+    /// Seconds a reader waits for a download that makes no progress.
+    public static let stallTimeout: Double = 30
+
+    /// Start downloading the content of placeholder `ino` (if not already
+    /// under way) and return the path of the file that receives it, for
+    /// readers to open. `background` downloads wait for a free slot.
+    @discardableResult
+    public func startDownload(ino: UInt64, background: Bool = false) -> String {
+        let partial = replica.cachePath(ino) + ".part"
+        guard let node = replica.withNamespace({ ns in ns.node(ino) }), node.isPlaceholder else { return partial }
+        let started = downloads.withJobs { jobs -> Bool in
+            if let job = jobs[ino], job.hash == node.hash, !job.done, job.error == nil { return false }
+            jobs[ino] = DownloadBoard.Job(hash: node.hash, total: node.hashSize)
+            return true
+        }
+        guard started else { return partial }
+        // Readers open the partial file right away: make sure it exists.
+        let fd = open(partial, O_RDWR | O_CREAT | O_CLOEXEC, 0o600)
+        if fd < 0 && errno == ENOENT {
+            mkdir((partial as NSString).deletingLastPathComponent, 0o700)
+            close(open(partial, O_RDWR | O_CREAT | O_CLOEXEC, 0o600))
+        } else if fd >= 0 {
+            close(fd)
+        }
+        let thread = Thread { [self] in
+            if background { downloads.backgroundSlots.wait() }
+            defer { if background { downloads.backgroundSlots.signal() } }
+            runDownload(ino: ino, hash: node.hash, size: node.hashSize, chunked: node.chunked, partial: partial)
+        }
+        thread.name = "ubiquityfs-download"
+        thread.start()
+        return partial
+    }
+
+    /// Wait until bytes `0..<upTo` of `ino` are verified (or the file is local).
+    public func waitForContent(ino: UInt64, upTo: UInt64) throws {
+        let board = downloads
+        board.condition.lock()
+        defer { board.condition.unlock() }
+        while true {
+            guard let job = board.jobs[ino] else {
+                // No download: either it finished (content local) or never started.
+                let local = replica.withNamespace { ns in ns.node(ino).map { !$0.isPlaceholder } ?? false }
+                if local { return }
+                throw UbiquityError(EIO, "the content of inode \(ino) is not downloaded")
+            }
+            if let error = job.error { throw error }
+            if job.done || job.verified >= upTo { return }
+            if Date().timeIntervalSince(job.lastProgress) > Self.stallTimeout {
+                throw UbiquityError(EIO, "download of inode \(ino) made no progress for \(Int(Self.stallTimeout)) s")
+            }
+            _ = board.condition.wait(until: Date().addingTimeInterval(1))
+        }
+    }
+
+    /// Download all of `ino` and wait for it (before writing to a placeholder).
+    public func download(ino: UInt64) throws {
+        guard let node = replica.withNamespace({ ns in ns.node(ino) }), node.isPlaceholder else { return }
+        startDownload(ino: ino)
+        try waitForContent(ino: ino, upTo: node.hashSize)
+        // The job may be done while the rename is in flight: wait for the content to be installed.
+        for _ in 0..<1000 {
+            if replica.withNamespace({ ns in ns.node(ino).map { !$0.isPlaceholder } ?? true }) { return }
+            if let error = downloads.withJobs({ $0[ino]?.error }) { throw error }
+            Thread.sleep(forTimeInterval: 0.01)
+        }
+        throw UbiquityError(EIO, "the content of inode \(ino) changed while downloading")
+    }
+
+    /// Downloads under way: (items, bytes still to fetch).
+    public func downloadSummary() -> (items: Int, bytes: UInt64) {
+        downloads.withJobs { jobs in
+            let active = jobs.values.filter { !$0.done && $0.error == nil }
+            return (active.count, active.reduce(0) { $0 + ($1.total - min($1.total, $1.verified)) })
+        }
+    }
+
+    /// Progress of the download of `ino`, if one is under way or failed.
+    public func downloadState(ino: UInt64) -> (verified: UInt64, total: UInt64, error: String?)? {
+        downloads.withJobs { jobs in jobs[ino].map { ($0.verified, $0.total, $0.error?.message) } }
+    }
+
+    func progress(_ ino: UInt64, verified: UInt64) {
+        downloads.condition.lock()
+        _ = jobsUpdate(ino) { $0.verified = verified; $0.lastProgress = Date() }
+        downloads.condition.broadcast()
+        downloads.condition.unlock()
+    }
+
+    private func jobsUpdate(_ ino: UInt64, _ body: (inout DownloadBoard.Job) -> Void) -> Bool {
+        guard downloads.jobs[ino] != nil else { return false }
+        body(&downloads.jobs[ino]!)
+        return true
+    }
+
+    func finish(_ ino: UInt64, error: UbiquityError?) {
+        if let error { record(error: error) }   // before waking readers: status shows what they got
+        downloads.condition.lock()
+        if let error {
+            _ = jobsUpdate(ino) { $0.error = error }
+        } else {
+            downloads.jobs[ino] = nil
+        }
+        downloads.condition.broadcast()
+        downloads.condition.unlock()
+    }
+
+    func runDownload(ino: UInt64, hash: String?, size: UInt64, chunked: Bool, partial: String) {
+        do {
+            let fd = try syscallRetrying("open \(partial)") { open(partial, O_RDWR | O_CREAT | O_CLOEXEC, 0o600) }
+            defer { close(fd) }
+            func write(_ data: Data, at offset: UInt64) throws {
+                try data.withUnsafeBytes { raw in
+                    var done = 0
+                    while done < raw.count {
+                        done += try syscallRetrying("write \(partial)") {
+                            pwrite(fd, raw.baseAddress! + done, raw.count - done, off_t(offset) + off_t(done))
+                        }
+                    }
+                }
+            }
+            if let hash {
+                if chunked {
+                    let manifest = try ChunkManifest.decode(try store.fetchBlob(hash))
+                    guard manifest.size == size else { throw UbiquityError(EIO, "chunk manifest \(hash) has the wrong size") }
+                    var st = stat()
+                    fstat(fd, &st)
+                    let present = UInt64(max(0, st.st_size))
+                    for (index, chunkHash) in manifest.chunks.enumerated() {
+                        let offset = UInt64(index) * manifest.chunkSize
+                        let count = min(manifest.chunkSize, size - offset)
+                        if present >= offset + count, let existing = Self.read(fd, offset: offset, count: Int(count)),
+                           ContentCopy.hash(of: existing) == chunkHash {
+                            progress(ino, verified: offset + count)   // resumed: already here and intact
+                            continue
+                        }
+                        let data = try store.fetchBlob(chunkHash)
+                        guard UInt64(data.count) == count else { throw UbiquityError(EIO, "chunk \(chunkHash) has the wrong size") }
+                        try write(data, at: offset)
+                        progress(ino, verified: offset + count)
+                    }
+                } else {
+                    let data = try store.fetchBlob(hash)
+                    guard UInt64(data.count) == size else { throw UbiquityError(EIO, "blob \(hash) has the wrong size") }
+                    try write(data, at: 0)
+                }
+            }
+            try syscallRetrying("truncate \(partial)") { ftruncate(fd, off_t(size)) }
+            try replica.installCacheFile(from: partial, ino)
+            replica.withNamespace { ns in
+                ns.update(ino, local: false) { n in
+                    // A newer version may have arrived meanwhile: then this content is not it.
+                    if n.hash == hash && !n.hasContent { n.hasContent = true; n.size = n.hashSize }
+                }
+            }
+            try replica.persist()
+            finish(ino, error: nil)
+        } catch {
+            let failure = UbiquityError(EIO, "download of inode \(ino) failed: \(UbiquityError.wrap(error))")
+            finish(ino, error: failure)
+        }
+    }
+
+    static func read(_ fd: Int32, offset: UInt64, count: Int) -> Data? {
+        var data = Data(count: count)
+        let n = data.withUnsafeMutableBytes { pread(fd, $0.baseAddress, count, off_t(offset)) }
+        return n == count ? data : nil
+    }
+}
