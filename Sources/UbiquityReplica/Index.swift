@@ -40,7 +40,8 @@ final class Index: Sendable {
                   xattrs BLOB, has_content INTEGER NOT NULL,
                   content_gen INTEGER NOT NULL, pushed_gen INTEGER NOT NULL,
                   version INTEGER NOT NULL, change INTEGER NOT NULL, pushed INTEGER NOT NULL,
-                  unlinked INTEGER NOT NULL);
+                  unlinked INTEGER NOT NULL, last_parent INTEGER NOT NULL, last_name BLOB NOT NULL,
+                  conflicts TEXT);
                 CREATE TABLE entry(parent INTEGER NOT NULL, name BLOB NOT NULL, child INTEGER NOT NULL,
                   PRIMARY KEY(parent, name)) WITHOUT ROWID;
                 CREATE TABLE pending_entry(parent INTEGER NOT NULL, name BLOB NOT NULL, change INTEGER NOT NULL,
@@ -55,7 +56,7 @@ final class Index: Sendable {
         guard !ops.isEmpty else { return }
         try db.write { db in
             let upsert = try db.cachedStatement(sql: """
-                INSERT OR REPLACE INTO node VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)
+                INSERT OR REPLACE INTO node VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)
                 """)
             for op in ops {
                 switch op {
@@ -67,6 +68,8 @@ final class Index: Sendable {
                         n.atime.nanoseconds, n.mtime.nanoseconds, n.ctime.nanoseconds, n.btime.nanoseconds,
                         xattrs, n.hasContent, Int64(bitPattern: n.contentGeneration), Int64(bitPattern: n.pushedGeneration),
                         Int64(bitPattern: n.version), Int64(bitPattern: n.change), Int64(bitPattern: n.pushed), n.unlinked,
+                        Int64(bitPattern: n.lastParent), Data(n.lastName.bytes),
+                        n.conflicts.isEmpty ? nil : n.conflicts.joined(separator: "\n"),
                     ]
                     try upsert.execute(arguments: StatementArguments(args))
                 case .removeNode(let ino):
@@ -123,6 +126,9 @@ final class Index: Sendable {
                 n.change = UInt64(bitPattern: row["change"])
                 n.pushed = UInt64(bitPattern: row["pushed"])
                 n.unlinked = row["unlinked"]
+                n.lastParent = UInt64(bitPattern: row["last_parent"])
+                n.lastName = FileName(bytes: Array(row["last_name"] as Data))
+                if let conflicts = row["conflicts"] as String? { n.conflicts = conflicts.split(separator: "\n").map(String.init) }
                 n.nlink = 0
                 ns.nodes[ino] = n
                 ns.inoByID[n.id] = ino
@@ -136,7 +142,10 @@ final class Index: Sendable {
                 let parent = UInt64(bitPattern: row[0])
                 let child = UInt64(bitPattern: row[2])
                 guard ns.nodes[parent] != nil, ns.nodes[child] != nil else { continue }
-                ns.children[parent, default: [:]][FileName(bytes: Array(row[1] as Data))] = DirEntry(ino: child, cookie: ns.nextCookie)
+                let name = FileName(bytes: Array(row[1] as Data))
+                ns.children[parent, default: [:]][name] = DirEntry(ino: child, cookie: ns.nextCookie)
+                ns.nodes[child]!.lastParent = parent
+                ns.nodes[child]!.lastName = name
                 ns.nextCookie += 1
                 if ns.nodes[child]!.kind == .directory {
                     ns.nodes[parent]!.nlink += 1

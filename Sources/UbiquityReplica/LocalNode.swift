@@ -43,6 +43,12 @@ public struct LocalNode: Sendable {
     public var nlink: UInt32
     /// No entry names this node any more; it lives on while open or known to the kernel.
     public var unlinked: Bool
+    /// The entry that named this node last (kept after unlinking, so a
+    /// deletion that loses to a remote edit can be undone).
+    public var lastParent: UInt64 = 0
+    public var lastName: FileName = FileName(bytes: [])
+    /// Conflicted copies of this node not yet resolved.
+    public var conflicts: [NodeID] = []
 
     // Runtime only (never persisted).
     public var lookups: UInt64 = 0
@@ -76,7 +82,7 @@ public struct LocalNode: Sendable {
                   size: kind == .file ? size : (kind == .symlink ? UInt64(target?.utf8.count ?? 0) : 0),
                   hash: kind == .file ? hash : nil, target: target, rdev: rdev,
                   mtime: mtime, ctime: ctime, btime: btime, xattrs: xattrs, base: version,
-                  chunked: kind == .file && hash != nil && chunked)
+                  chunked: kind == .file && hash != nil && chunked, conflicts: conflicts)
     }
 }
 

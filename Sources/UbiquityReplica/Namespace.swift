@@ -142,6 +142,8 @@ public struct Namespace: Sendable {
             nodes[ino]?.nlink += 1
         }
         nodes[ino]?.unlinked = false
+        nodes[ino]?.lastParent = parent
+        nodes[ino]?.lastName = name
         touched(ino)
         log.append(.entry(parent: parent, name: name, child: ino))
         if local { markEntryPending(parent, name) }
@@ -171,6 +173,36 @@ public struct Namespace: Sendable {
         log.append(.removeEntry(parent: parent, name: name))
         if local { markEntryPending(parent, name) }
         return ino
+    }
+
+    /// Every entry naming `ino` (a scan only for hard-linked files).
+    public func entriesNaming(_ ino: UInt64) -> [EntryKey] {
+        guard let node = nodes[ino], !node.unlinked else { return [] }
+        if node.kind == .directory || node.nlink <= 1 {
+            return lookup(node.lastParent, node.lastName) == ino ? [EntryKey(parent: node.lastParent, name: node.lastName)] : []
+        }
+        var out: [EntryKey] = []
+        for (parent, entries) in children {
+            for (name, entry) in entries where entry.ino == ino { out.append(EntryKey(parent: parent, name: name)) }
+        }
+        return out
+    }
+
+    /// Give node `ino` a new stable ID (it becomes a new node to the store).
+    public mutating func rekey(_ ino: UInt64, to id: NodeID) {
+        guard let old = nodes[ino]?.id else { return }
+        if inoByID[old] == ino { inoByID[old] = nil }
+        inoByID[id] = ino
+        update(ino) { n in
+            n.id = id
+            n.version = 0
+            n.pushed = 0
+            n.hash = nil
+            n.hashSize = 0
+            n.chunked = false
+            n.pushedGeneration = 0
+            if n.contentGeneration == 0 { n.contentGeneration = 1 }
+        }
     }
 
     func subdirectoryCount(_ dir: UInt64) -> UInt32 {

@@ -84,14 +84,17 @@ public struct NodeState: Codable, Hashable, Sendable {
     public var base: UInt64
     /// Set when the content is chunked: `hash` then names a `ChunkManifest` blob.
     public var chunked: Bool?
+    /// Unresolved conflict versions of this node: the IDs of the conflicted copies.
+    public var conflicts: [NodeID]?
 
     public init(id: NodeID, kind: NodeKind, mode: UInt32, uid: UInt32, gid: UInt32, size: UInt64,
                 hash: String?, target: String?, rdev: UInt64, mtime: Timespec, ctime: Timespec,
-                btime: Timespec, xattrs: [String: Data], base: UInt64, chunked: Bool = false) {
+                btime: Timespec, xattrs: [String: Data], base: UInt64, chunked: Bool = false, conflicts: [NodeID] = []) {
         self.id = id; self.kind = kind; self.mode = mode; self.uid = uid; self.gid = gid
         self.size = size; self.hash = hash; self.target = target; self.rdev = rdev
         self.mtime = mtime; self.ctime = ctime; self.btime = btime; self.xattrs = xattrs; self.base = base
         self.chunked = chunked ? true : nil
+        self.conflicts = conflicts.isEmpty ? nil : conflicts
     }
 }
 

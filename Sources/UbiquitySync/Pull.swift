@@ -22,7 +22,9 @@ extension SyncEngine {
                         guard record.seq == ns.appliedSeq + 1 else { return ReplicaChanges() }
                         var changed = ReplicaChanges()
                         if record.changeSet.device != device.id {
-                            changed = Self.apply(record.changeSet, seq: record.seq, to: &ns)
+                            var applier = ChangeApplier(seq: record.seq, deviceName: device.name)
+                            applier.apply(record.changeSet, to: &ns)
+                            changed = applier.changes
                         }
                         ns.setAppliedSeq(record.seq)
                         return changed
@@ -36,79 +38,6 @@ extension SyncEngine {
         if !all.isEmpty, let observer = observer.withLock({ $0 }) { observer.replicaChanged(all) }
         for ino in all.refresh { startDownload(ino: ino, background: true) }
         return all
-    }
-
-    /// Apply one foreign change set: nodes, then entries, then deletions.
-    static func apply(_ changeSet: ChangeSet, seq: UInt64, to ns: inout Namespace) -> ReplicaChanges {
-        var touched = ReplicaChanges()
-        for change in changeSet.changes {
-            guard case .node(let state) = change else { continue }
-            if let ino = ns.inoByID[state.id] {
-                var contentChanged = false
-                var refresh = false
-                ns.update(ino, local: false) { n in
-                    contentChanged = n.kind == .file && (state.hash != n.hash || state.size != n.hashSize)
-                        && !n.hasUnpushedContent
-                    n.mode = state.mode; n.uid = state.uid; n.gid = state.gid
-                    n.mtime = state.mtime; n.ctime = state.ctime; n.btime = state.btime
-                    n.target = state.target; n.rdev = state.rdev; n.xattrs = state.xattrs
-                    n.version = seq
-                    if contentChanged {
-                        if n.hasContent { refresh = true }
-                        n.hash = state.hash
-                        n.hashSize = state.size
-                        n.chunked = state.chunked ?? false
-                        n.size = state.size
-                        n.hasContent = false   // fetched (or created empty) on open
-                        n.pushedGeneration = n.contentGeneration
-                    }
-                }
-                touched.node(ino, contentChanged: contentChanged, in: ns)
-                // Content this device had stays downloaded: fetch the new version in the background.
-                if refresh { touched.refresh.append(ino) }
-            } else {
-                let ino = ns.createNode(id: state.id, kind: state.kind, mode: state.mode, uid: state.uid, gid: state.gid,
-                                        rdev: state.rdev, target: state.target, time: state.mtime, local: false)
-                ns.update(ino, local: false) { n in
-                    n.ctime = state.ctime; n.btime = state.btime; n.atime = state.mtime
-                    n.xattrs = state.xattrs
-                    n.hash = state.hash
-                    n.hashSize = state.size
-                    n.chunked = state.chunked ?? false
-                    n.size = state.kind == .symlink ? UInt64(state.target?.utf8.count ?? 0) : state.size
-                    n.hasContent = state.kind != .file
-                    n.version = seq
-                    n.unlinked = true   // until an entry names it
-                }
-            }
-        }
-        for change in changeSet.changes {
-            guard case .entry(let parentID, let name, let childID) = change,
-                  let parent = ns.inoByID[parentID], ns.node(parent)?.kind == .directory else { continue }
-            let existing = ns.lookup(parent, name)
-            let child = childID.flatMap { ns.inoByID[$0] }
-            if existing == child { continue }
-            touched.entry(parent, name, in: ns)
-            if existing != nil { ns.unlinkEntry(parent, name, local: false) }
-            if let child, let node = ns.node(child) {
-                // A directory has one entry: a move elsewhere removes the old one.
-                if node.kind == .directory, let oldParent = ns.directoryParent[child],
-                   let oldName = ns.entries(of: oldParent).first(where: { $0.value.ino == child })?.key {
-                    touched.entry(oldParent, oldName, in: ns)
-                    ns.unlinkEntry(oldParent, oldName, local: false)
-                }
-                ns.linkEntry(parent, name, child, local: false)
-                touched.node(child, contentChanged: false, in: ns)
-            }
-            touched.node(parent, contentChanged: false, in: ns)
-        }
-        for change in changeSet.changes {
-            guard case .deleteNode(let id, _) = change, let ino = ns.inoByID[id] else { continue }
-            ns.update(ino, local: false) { $0.unlinked = true }
-            touched.node(ino, contentChanged: true, in: ns)
-            ns.dropIfUnreferenced(ino)
-        }
-        return touched
     }
 
 }

@@ -1,0 +1,293 @@
+import Foundation
+import UbiquityReplica
+import UbiquityStore
+
+/// Applies one change set committed by another device to the replica, and
+/// resolves what meets a local change not pushed yet. The rules (each keeps
+/// every version somewhere; every device ends with the same tree, because
+/// the device that committed second resolves and pushes the result):
+///
+/// - **Both edited a file's content**: the committed version keeps the name
+///   and the node's ID; the local version becomes a new node named
+///   `NAME (conflicted copy DEVICE YYYY-MM-DD HHMMSS).EXT` beside it (open
+///   descriptors keep writing to it), recorded in the original's `conflicts`.
+/// - **Both changed metadata** (mode, times, xattrs): the local change is
+///   pushed after the remote one, so it wins everywhere.
+/// - **Deleted there, edited here**: the edit survives — the node and its
+///   entries are pushed again. A deleted directory that holds items created
+///   or edited here survives the same way (so do moves into it).
+/// - **Edited there, deleted here**: the remote edit brings the item back
+///   where it was.
+/// - **Both created the same name**: the committed item keeps the name, the
+///   local one is renamed to a conflicted copy.
+/// - **A move that would make a cycle** (a directory moved into its own
+///   subtree by the two moves together): the committed move wins; the local
+///   directory that closed the cycle moves to the container's root.
+struct ChangeApplier {
+    let seq: UInt64
+    let deviceName: String
+    let now: Date
+    var changes = ReplicaChanges()
+
+    init(seq: UInt64, deviceName: String, now: Date = Date()) {
+        self.seq = seq
+        self.deviceName = deviceName
+        self.now = now
+    }
+
+    mutating func apply(_ changeSet: ChangeSet, to ns: inout Namespace) {
+        let deleted = Set(changeSet.changes.compactMap { change -> NodeID? in
+            if case .deleteNode(let id, _) = change { return id }
+            return nil
+        })
+        for change in changeSet.changes {
+            if case .node(let state) = change { applyNode(state, to: &ns) }
+        }
+        for change in changeSet.changes {
+            if case .entry(let parent, let name, let child) = change {
+                applyEntry(parentID: parent, name: name, childID: child, deleted: deleted, to: &ns)
+            }
+        }
+        applyDeletions(deleted, to: &ns)
+    }
+
+    // MARK: Nodes
+
+    mutating func applyNode(_ state: NodeState, to ns: inout Namespace) {
+        guard let ino = ns.inoByID[state.id], let local = ns.node(ino) else {
+            createNode(state, to: &ns)
+            return
+        }
+        let contentDiffers = local.kind == .file && (state.hash != local.hash || state.size != local.hashSize)
+        if contentDiffers && local.hasUnpushedContent && !local.unlinked {
+            splitConflict(ino, remote: state, to: &ns)
+            return
+        }
+        var refresh = false
+        let keepLocalMetadata = local.hasUnpushedMetadata && !local.unlinked
+        ns.update(ino, local: false) { n in
+            if !keepLocalMetadata {
+                n.mode = state.mode; n.uid = state.uid; n.gid = state.gid
+                n.mtime = state.mtime; n.ctime = state.ctime; n.btime = state.btime
+                n.target = state.target; n.rdev = state.rdev; n.xattrs = state.xattrs
+                n.conflicts = state.conflicts ?? []
+            }
+            n.version = seq
+            if contentDiffers {
+                refresh = n.hasContent
+                Self.takeContent(state, into: &n)
+            }
+        }
+        if local.unlinked && contentDiffers {
+            // Edited there, deleted here: the edit brings it back.
+            resurrect(ino, to: &ns)
+        }
+        changes.node(ino, contentChanged: contentDiffers, in: ns)
+        if refresh { changes.refresh.append(ino) }
+    }
+
+    static func takeContent(_ state: NodeState, into n: inout LocalNode) {
+        n.hash = state.hash
+        n.hashSize = state.size
+        n.chunked = state.chunked ?? false
+        n.size = state.size
+        n.hasContent = false   // fetched (or created empty) when opened
+        n.pushedGeneration = n.contentGeneration
+    }
+
+    mutating func createNode(_ state: NodeState, to ns: inout Namespace) {
+        let ino = ns.createNode(id: state.id, kind: state.kind, mode: state.mode, uid: state.uid, gid: state.gid,
+                                rdev: state.rdev, target: state.target, time: state.mtime, local: false)
+        ns.update(ino, local: false) { n in
+            n.ctime = state.ctime; n.btime = state.btime; n.atime = state.mtime
+            n.xattrs = state.xattrs
+            n.conflicts = state.conflicts ?? []
+            Self.takeContent(state, into: &n)
+            if state.kind != .file {
+                n.hasContent = true
+                n.size = state.kind == .symlink ? UInt64(state.target?.utf8.count ?? 0) : 0
+            }
+            n.version = seq
+            n.unlinked = true   // until an entry names it
+        }
+    }
+
+    /// Both edited the content: the remote version takes the node's ID and
+    /// names; the local version (inode `ino`, open descriptors and all)
+    /// becomes a new node under a conflicted-copy name in the same places.
+    mutating func splitConflict(_ ino: UInt64, remote: NodeState, to ns: inout Namespace) {
+        let places = ns.entriesNaming(ino)
+        ns.rekey(ino, to: UUID().uuidString.lowercased())
+        createNode(remote, to: &ns)
+        guard let original = ns.inoByID[remote.id], let copyID = ns.node(ino)?.id else { return }
+        ns.update(original, local: true) { n in
+            if !n.conflicts.contains(copyID) { n.conflicts.append(copyID) }
+        }
+        for place in places {
+            ns.unlinkEntry(place.parent, place.name, local: false)
+            ns.linkEntry(place.parent, place.name, original, local: false)
+            let copyName = conflictName(place.name, in: place.parent, ns: ns)
+            ns.linkEntry(place.parent, copyName, ino, local: true)
+            changes.entry(place.parent, place.name, in: ns)
+            changes.entry(place.parent, copyName, in: ns)
+        }
+        changes.node(ino, contentChanged: false, in: ns)
+    }
+
+    /// `NAME (conflicted copy DEVICE YYYY-MM-DD HHMMSS).EXT`, unique in `parent`.
+    func conflictName(_ name: FileName, in parent: UInt64, ns: Namespace) -> FileName {
+        let text = name.description
+        let dot = text.lastIndex(of: ".").flatMap { $0 == text.startIndex ? nil : $0 }
+        let stem = dot.map { String(text[..<$0]) } ?? text
+        let ext = dot.map { String(text[$0...]) } ?? ""
+        let formatter = DateFormatter()
+        formatter.locale = Locale(identifier: "en_US_POSIX")
+        formatter.dateFormat = "yyyy-MM-dd HHmmss"
+        let stamp = formatter.string(from: now)
+        var counter = 1
+        while true {
+            let suffix = counter == 1 ? "" : " \(counter)"
+            let candidate = FileName("\(stem) (conflicted copy \(deviceName) \(stamp)\(suffix))\(ext)")
+            if ns.lookup(parent, candidate) == nil && candidate.count <= 255 { return candidate }
+            if candidate.count > 255 {
+                return FileName("conflicted copy \(UUID().uuidString.prefix(8))\(ext)")
+            }
+            counter += 1
+        }
+    }
+
+    // MARK: Entries
+
+    mutating func applyEntry(parentID: NodeID, name: FileName, childID: NodeID?, deleted: Set<NodeID>,
+                             to ns: inout Namespace) {
+        guard let parent = ns.inoByID[parentID], ns.node(parent)?.kind == .directory else { return }
+        let existing = ns.lookup(parent, name)
+        let child = childID.flatMap { ns.inoByID[$0] }
+        if existing == child { return }
+        if let existing, let node = ns.node(existing) {
+            // This name was set here and not pushed yet: our intent is newer.
+            let ours = ns.pendingEntries[EntryKey(parent: parent, name: name)] != nil
+            if child == nil {
+                // Removal of an entry whose node is deleted there: decided with the deletions.
+                if deleted.contains(node.id) || ours { return }
+                ns.unlinkEntry(parent, name, local: false)
+            } else if ours || node.hasUnpushedContent {
+                // Both put something at this name (or it replaces content edited here): ours moves aside.
+                ns.unlinkEntry(parent, name, local: false)
+                let copyName = conflictName(name, in: parent, ns: ns)
+                ns.linkEntry(parent, copyName, existing, local: true)
+                changes.entry(parent, copyName, in: ns)
+            } else {
+                ns.unlinkEntry(parent, name, local: false)
+            }
+        }
+        changes.entry(parent, name, in: ns)
+        guard let child, let node = ns.node(child) else { return }
+        if node.kind == .directory {
+            if isAncestor(child, of: parent, in: ns) {
+                breakCycle(moving: child, into: parent, to: &ns)
+            }
+            // A directory has one entry: a move elsewhere removes the old one.
+            if let oldParent = ns.directoryParent[child] {
+                let oldName = node.lastName
+                if ns.lookup(oldParent, oldName) == child {
+                    ns.unlinkEntry(oldParent, oldName, local: false)
+                    changes.entry(oldParent, oldName, in: ns)
+                }
+            }
+        }
+        ns.linkEntry(parent, name, child, local: false)
+        if node.unlinked { ns.update(child, local: false) { _ in } }
+        changes.node(child, contentChanged: false, in: ns)
+        changes.node(parent, contentChanged: false, in: ns)
+    }
+
+    func isAncestor(_ ancestor: UInt64, of ino: UInt64, in ns: Namespace) -> Bool {
+        var current: UInt64? = ino
+        var steps = 0
+        while let c = current, steps < 100_000 {
+            if c == ancestor { return true }
+            current = ns.directoryParent[c]
+            steps += 1
+        }
+        return false
+    }
+
+    /// Linking `dir` into `parent` would put it inside itself: the local
+    /// move that made `parent` a descendant of `dir` is undone by moving the
+    /// top of that chain (a child of `dir` on the path) to the root.
+    mutating func breakCycle(moving dir: UInt64, into parent: UInt64, to ns: inout Namespace) {
+        var current = parent
+        while let up = ns.directoryParent[current], up != dir { current = up }
+        guard let node = ns.node(current) else { return }
+        let oldParent = ns.directoryParent[current] ?? dir
+        ns.unlinkEntry(oldParent, node.lastName, local: true)
+        let name = ns.lookup(Namespace.rootIno, node.lastName) == nil
+            ? node.lastName : conflictName(node.lastName, in: Namespace.rootIno, ns: ns)
+        ns.linkEntry(Namespace.rootIno, name, current, local: true)
+        changes.entry(oldParent, node.lastName, in: ns)
+        changes.entry(Namespace.rootIno, name, in: ns)
+    }
+
+    // MARK: Deletions
+
+    /// Delete what the other device deleted — except what holds local work
+    /// not pushed yet (edited content; a directory with such items or with
+    /// items created here), which survives and is pushed again.
+    mutating func applyDeletions(_ deleted: Set<NodeID>, to ns: inout Namespace) {
+        // Deepest first, so a directory is decided after its contents.
+        let inos = deleted.compactMap { ns.inoByID[$0] }.sorted { depth($0, ns) > depth($1, ns) }
+        for ino in inos {
+            guard let node = ns.node(ino) else { continue }
+            let survives: Bool
+            if node.kind == .directory {
+                survives = !ns.entries(of: ino).isEmpty
+            } else {
+                survives = node.hasUnpushedContent
+            }
+            if survives {
+                // Push the node and its entries again: the other devices re-create them.
+                ns.update(ino) { $0.version = 0 }
+                let places = ns.entriesNaming(ino)
+                for place in places {
+                    ns.unlinkEntry(place.parent, place.name, local: false)
+                    ns.linkEntry(place.parent, place.name, ino, local: true)
+                }
+                if places.isEmpty { resurrect(ino, to: &ns) }
+                continue
+            }
+            for place in ns.entriesNaming(ino) {
+                ns.unlinkEntry(place.parent, place.name, local: false)
+                changes.entry(place.parent, place.name, in: ns)
+            }
+            ns.update(ino, local: false) { $0.unlinked = true; $0.nlink = 0 }
+            changes.node(ino, contentChanged: true, in: ns)
+            ns.dropIfUnreferenced(ino)
+        }
+    }
+
+    func depth(_ ino: UInt64, _ ns: Namespace) -> Int {
+        var depth = 0
+        var current = ns.node(ino)?.kind == .directory ? ns.directoryParent[ino] : ns.node(ino)?.lastParent
+        while let c = current, c != Namespace.rootIno, depth < 100_000 {
+            depth += 1
+            current = ns.directoryParent[c]
+        }
+        return depth
+    }
+
+    // MARK: Resurrection
+
+    /// Bring an unlinked node back at the entry that named it last (and its
+    /// parent directories, if they were deleted here too).
+    mutating func resurrect(_ ino: UInt64, to ns: inout Namespace) {
+        guard let node = ns.node(ino), node.unlinked, node.lastParent != 0 else { return }
+        if let parent = ns.node(node.lastParent), parent.unlinked { resurrect(node.lastParent, to: &ns) }
+        guard ns.node(node.lastParent) != nil else { return }
+        let name = ns.lookup(node.lastParent, node.lastName) == nil
+            ? node.lastName : conflictName(node.lastName, in: node.lastParent, ns: ns)
+        ns.linkEntry(node.lastParent, name, ino, local: true)
+        ns.update(ino) { _ in }
+        changes.entry(node.lastParent, name, in: ns)
+    }
+}

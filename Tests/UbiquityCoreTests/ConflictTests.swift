@@ -1,0 +1,189 @@
+import Foundation
+import Testing
+import UbiquityFS
+import UbiquityReplica
+import UbiquityStore
+import UbiquitySync
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Two devices, one store: concurrent changes resolve without losing data,
+/// and both devices converge to the same tree.
+@Suite struct ConflictTests {
+    let store = InMemoryStore()
+
+    func pair() throws -> (TestDevice, TestDevice) {
+        (try TestDevice(store: store, name: "laptop"), try TestDevice(store: store, name: "desktop"))
+    }
+
+    /// Push everything from both, then pull everything on both (twice: the
+    /// second round carries what the first one's resolutions pushed).
+    func sync(_ devices: TestDevice...) throws {
+        for _ in 0..<3 {
+            for d in devices { try d.engine.drain(progress: { _, _ in }) }
+            for d in devices { try d.engine.pull() }
+        }
+    }
+
+    func contents(_ d: TestDevice) throws -> [String] {
+        try d.tree().values.filter { $0.hasPrefix("file") }.sorted()
+    }
+
+    @Test func bothEditedKeepsBothVersions() throws {
+        let (a, b) = try pair()
+        defer { a.cleanUp(); b.cleanUp() }
+        try a.write("notes.txt", "base")
+        try sync(a, b)
+        try a.write("notes.txt", "laptop edit")
+        try b.write("notes.txt", "desktop edit")
+        try a.engine.drain(progress: { _, _ in })   // laptop commits first: keeps the name
+        try sync(b, a)
+        #expect(try a.tree() == b.tree())
+        #expect(try a.read("notes.txt") == "laptop edit")
+        let names = try a.list("")
+        #expect(names.count == 2)
+        let copy = try #require(names.first { $0.hasPrefix("notes (conflicted copy desktop ") && $0.hasSuffix(").txt") })
+        #expect(try a.read(copy) == "desktop edit")
+        let original = a.replica.withNamespace { ns in ns.node(try! a.resolve("notes.txt"))! }
+        #expect(original.conflicts.count == 1)
+    }
+
+    @Test func editedHereDeletedThereKeepsTheEdit() throws {
+        let (a, b) = try pair()
+        defer { a.cleanUp(); b.cleanUp() }
+        try a.mkdir("dir")
+        try a.write("dir/f.txt", "v1")
+        try sync(a, b)
+        try a.fs.unlink(parent: try a.resolve("dir"), name: "f.txt")
+        try a.fs.rmdir(parent: Namespace.rootIno, name: "dir")
+        try b.write("dir/f.txt", "edited")
+        try a.engine.drain(progress: { _, _ in })
+        try sync(b, a)
+        #expect(try a.tree() == b.tree())
+        #expect(try a.read("dir/f.txt") == "edited")
+    }
+
+    @Test func deletedHereEditedThereBringsItBack() throws {
+        let (a, b) = try pair()
+        defer { a.cleanUp(); b.cleanUp() }
+        try a.write("f.txt", "v1")
+        try sync(a, b)
+        try b.write("f.txt", "edited")
+        try b.engine.drain(progress: { _, _ in })
+        try a.fs.unlink(parent: Namespace.rootIno, name: "f.txt")   // not pushed yet
+        try sync(a, b)
+        #expect(try a.tree() == b.tree())
+        #expect(try b.read("f.txt") == "edited")
+    }
+
+    @Test func bothCreatedTheSameNameKeepsBoth() throws {
+        let (a, b) = try pair()
+        defer { a.cleanUp(); b.cleanUp() }
+        try a.write("todo.md", "from laptop")
+        try b.write("todo.md", "from desktop")
+        try a.engine.drain(progress: { _, _ in })
+        try sync(b, a)
+        #expect(try a.tree() == b.tree())
+        #expect(try contents(a) == ["file 644 from desktop", "file 644 from laptop"])
+        #expect(try a.read("todo.md") == "from laptop")
+    }
+
+    @Test func moveIntoAFolderDeletedElsewhereKeepsTheFolder() throws {
+        let (a, b) = try pair()
+        defer { a.cleanUp(); b.cleanUp() }
+        try a.mkdir("box")
+        try a.write("loose.txt", "keep me")
+        try sync(a, b)
+        try a.fs.rmdir(parent: Namespace.rootIno, name: "box")
+        try b.fs.rename(parent: Namespace.rootIno, name: "loose.txt", newParent: try b.resolve("box"), newName: "loose.txt", flags: [])
+        try a.engine.drain(progress: { _, _ in })
+        try sync(b, a)
+        #expect(try a.tree() == b.tree())
+        #expect(try a.read("box/loose.txt") == "keep me")
+    }
+
+    @Test func crossedMovesNeverMakeACycle() throws {
+        let (a, b) = try pair()
+        defer { a.cleanUp(); b.cleanUp() }
+        try a.mkdir("x")
+        try a.mkdir("y")
+        try a.write("x/in-x", "1")
+        try a.write("y/in-y", "2")
+        try sync(a, b)
+        try a.fs.rename(parent: Namespace.rootIno, name: "x", newParent: try a.resolve("y"), newName: "x", flags: [])
+        try b.fs.rename(parent: Namespace.rootIno, name: "y", newParent: try b.resolve("x"), newName: "y", flags: [])
+        try a.engine.drain(progress: { _, _ in })
+        try sync(b, a)
+        #expect(try a.tree() == b.tree())
+        #expect(try contents(a) == ["file 644 1", "file 644 2"])
+    }
+}
+
+/// Random operations on two devices with random sync points: the devices
+/// converge, and every content acknowledged on either device is present
+/// somewhere in the final tree (a conflict never loses data).
+@Suite struct TwoDeviceModelTests {
+    struct Random {
+        var state: UInt64
+        mutating func next(_ bound: Int) -> Int {
+            state = state &* 6364136223846793005 &+ 1442695040888963407
+            return Int((state >> 33) % UInt64(bound))
+        }
+    }
+
+    @Test(arguments: Array(UInt64(1)...12))
+    func randomOperationsConverge(seed: UInt64) throws {
+        let store = InMemoryStore()
+        let devices = [try TestDevice(store: store, name: "one"), try TestDevice(store: store, name: "two")]
+        defer { devices.forEach { $0.cleanUp() } }
+        var rng = Random(state: seed)
+        var written = Set<String>()       // every content written and acknowledged (closed)
+        var deletedContent = Set<String>() // contents a device deleted or overwrote on purpose
+        let names = ["a", "b", "c", "d/e", "d/f", "g/h"]
+        for step in 0..<200 {
+            let d = devices[rng.next(2)]
+            let path = names[rng.next(names.count)]
+            switch rng.next(10) {
+            case 0...4:
+                let dir = path.contains("/") ? String(path.split(separator: "/")[0]) : nil
+                if let dir, (try? d.resolve(dir)) == nil { try? d.mkdir(dir) }
+                let text = "\(d === devices[0] ? "one" : "two")-\(step)"
+                let replaced = try? d.read(path)   // overwritten on purpose, if the write succeeds
+                if (try? d.write(path, text)) != nil {
+                    written.insert(text)
+                    if let replaced { deletedContent.insert(replaced) }
+                }
+            case 5:
+                if let (parent, name) = try? d.split(path), let old = try? d.read(path) {
+                    if (try? d.fs.unlink(parent: parent, name: name)) != nil { deletedContent.insert(old) }
+                }
+            case 6:
+                let target = names[rng.next(names.count)]
+                if let (p1, n1) = try? d.split(path), let (p2, n2) = try? d.split(target),
+                   let victim = try? d.read(target), (try? d.resolve(path)) != nil, path != target {
+                    if (try? d.fs.rename(parent: p1, name: n1, newParent: p2, newName: n2, flags: [])) != nil {
+                        deletedContent.insert(victim)   // a rename over a file replaces it on purpose
+                    }
+                } else if let (p1, n1) = try? d.split(path), let (p2, n2) = try? d.split(target) {
+                    _ = try? d.fs.rename(parent: p1, name: n1, newParent: p2, newName: n2, flags: [])
+                }
+            case 7:
+                try d.engine.drain(progress: { _, _ in })
+            default:
+                try d.engine.pull()
+            }
+        }
+        for _ in 0..<4 {
+            for d in devices { try d.engine.drain(progress: { _, _ in }) }
+            for d in devices { try d.engine.pull() }
+        }
+        let trees = try devices.map { try $0.tree() }
+        let differing = Set(trees[0].keys).union(trees[1].keys).filter { trees[0][$0] != trees[1][$0] }
+            .map { "\($0): \(trees[0][$0] ?? "-") | \(trees[1][$0] ?? "-")" }.sorted()
+        #expect(differing.isEmpty, "devices converge; differing: \(differing)")
+        let present = Set(trees[0].values.compactMap { $0.hasPrefix("file") ? String($0.split(separator: " ", maxSplits: 2)[2]) : nil })
+        let lost = written.subtracting(present).subtracting(deletedContent)
+        #expect(lost.isEmpty, "lost: \(lost.sorted())")
+    }
+}
