@@ -12,7 +12,7 @@ public struct UbiquityCommand: ParsableCommand {
     public static let configuration = CommandConfiguration(
         commandName: "ubiquityfs",
         abstract: "Mount synced containers (iCloud Documents for Linux).",
-        subcommands: [Mount.self, Unmount.self, Status.self])
+        subcommands: [Mount.self, Unmount.self, Status.self, Download.self, Evict.self, Pin.self, Unpin.self])
 
     public init() {}
 }
@@ -40,11 +40,16 @@ struct Mount: ParsableCommand {
     @Option(name: .customShort("o"), help: "Extra FUSE mount options, comma-separated.") var options: [String] = []
     @Option(help: "Seconds between checks of the store for other devices' changes (the folder store also notifies at once through inotify).")
     var pollInterval: Double = 1
+    @Option(help: "Keep at most this much downloaded content (e.g. 500M, 20G); least recently used files are evicted first.")
+    var cacheSize: String?
     @Option(help: .hidden) var notifyFd: Int32?
 
     func validate() throws {
         guard pollInterval > 0, pollInterval <= 3600 else {
             throw ValidationError("--poll-interval must be between 0 and 3600 seconds")
+        }
+        if let cacheSize, parseSize(cacheSize) == nil {
+            throw ValidationError("--cache-size: '\(cacheSize)' is not a size (examples: 500M, 20G, 1048576)")
         }
     }
 
@@ -52,7 +57,8 @@ struct Mount: ParsableCommand {
         let request = MountRequest(mountpoint: absolutePath(mountpoint), storePath: store.map(absolutePath),
                                    container: container,
                                    fuseOptions: options.flatMap { $0.split(separator: ",").map(String.init) },
-                                   foreground: foreground || notifyFd != nil, pollInterval: pollInterval, notifyFD: notifyFd)
+                                   foreground: foreground || notifyFd != nil, pollInterval: pollInterval,
+                                   cacheLimit: cacheSize.flatMap(parseSize), notifyFD: notifyFd)
         if request.foreground {
             do {
                 chdir("/")
@@ -96,6 +102,7 @@ struct Mount: ParsableCommand {
         var arguments = [exe, "mount", request.mountpoint, "--container", request.container, "--notify-fd", "3",
                          "--poll-interval", String(request.pollInterval)]
         if let store = request.storePath { arguments += ["--store", store] }
+        if let limit = request.cacheLimit { arguments += ["--cache-size", String(limit)] }
         if !request.fuseOptions.isEmpty { arguments += ["-o", request.fuseOptions.joined(separator: ",")] }
 
         var actions = posix_spawn_file_actions_t()
@@ -191,31 +198,43 @@ struct Unmount: ParsableCommand {
 }
 
 struct Status: ParsableCommand {
-    static let configuration = CommandConfiguration(abstract: "Show the sync status of a mount.")
+    static let configuration = CommandConfiguration(abstract: "Show the sync status of a mount (or of every mount).")
 
-    @Argument(help: "The mountpoint.") var mountpoint: String
-    @Flag(help: "Print JSON.") var json = false
+    @Argument(help: "The mountpoint (default: every ubiquityfs mount).") var mountpoint: String?
+    @Flag(help: "Print JSON (one object per mount).") var json = false
 
     func run() throws {
-        let path = absolutePath(mountpoint)
-        let socket = Locations().controlSocket(mountpoint: path).path
-        var status: [String: Any]?
-        do {
-            try ControlClient.call(socket: socket, ["command": "status"]) { line in status = line["status"] as? [String: Any] }
-        } catch {
-            fail(UbiquityError(ENOTCONN, "no ubiquityfs daemon serves \(path) (\(error))"))
+        let mountpoints = mountpoint.map { [absolutePath($0)] } ?? MountLocator.mounts()
+        if mountpoints.isEmpty { fail(UbiquityError(ENOENT, "no ubiquityfs mount")) }
+        for (index, path) in mountpoints.enumerated() {
+            let socket = Locations().controlSocket(mountpoint: path).path
+            var status: [String: Any]?
+            do {
+                try ControlClient.call(socket: socket, ["command": "status"]) { line in status = line["status"] as? [String: Any] }
+            } catch {
+                fail(UbiquityError(ENOTCONN, "no ubiquityfs daemon serves \(path) (\(error))"))
+            }
+            guard let status else { fail(UbiquityError(EIO, "no answer from the daemon of \(path)")) }
+            if json {
+                let data = try JSONSerialization.data(withJSONObject: status, options: [.sortedKeys])
+                print(String(decoding: data, as: UTF8.self))
+                continue
+            }
+            if index > 0 { print() }
+            func bytes(_ key: String) -> String { formatBytes(UInt64(status[key] as? Int ?? 0)) }
+            print("Mount:        \(path) (container \(status["container"] ?? "?"), daemon pid \(status["pid"] ?? "?"))")
+            print("Store:        \((status["storeReachable"] as? Bool ?? false) ? "reachable" : "UNREACHABLE (working offline; changes are queued)")")
+            print("Uploads:      \(status["pendingItems"] ?? 0) items, \(bytes("pendingBytes")) pending")
+            print("Downloads:    \(status["downloadingItems"] ?? 0) items, \(bytes("downloadingBytes")) to go")
+            let limit = status["cacheLimitBytes"].map { " of \(formatBytes(UInt64($0 as? Int ?? 0)))" } ?? ""
+            print("Local:        \(bytes("cachedBytes"))\(limit) downloaded")
+            print("Last sync:    \(status["lastSync"] ?? "never")")
+            let errors = status["recentErrors"] as? [[String: Any]] ?? []
+            if !errors.isEmpty {
+                print("Recent errors:")
+                for e in errors.suffix(5) { print("  \(e["date"] ?? "") \(e["message"] ?? "")") }
+            }
         }
-        guard let status else { fail(UbiquityError(EIO, "no answer from the daemon")) }
-        if json {
-            let data = try JSONSerialization.data(withJSONObject: status, options: [.sortedKeys])
-            print(String(decoding: data, as: UTF8.self))
-            return
-        }
-        print("Mount:        \(path) (container \(status["container"] ?? "?"), daemon pid \(status["pid"] ?? "?"))")
-        print("Store:        \((status["storeReachable"] as? Bool ?? false) ? "reachable" : "UNREACHABLE")")
-        print("Pending:      \(status["pendingItems"] ?? 0) items, \(formatBytes(UInt64(status["pendingBytes"] as? Int ?? 0)))")
-        print("Last sync:    \(status["lastSync"] ?? "never")")
-        if let error = status["lastError"] { print("Last error:   \(error) (\(status["lastErrorDate"] ?? ""))") }
     }
 }
 
@@ -228,4 +247,18 @@ func formatBytes(_ bytes: UInt64) -> String {
         unit += 1
     }
     return unit == 0 ? "\(bytes) B" : String(format: "%.1f %@", value, units[unit])
+}
+
+/// "500M" → 524288000. Suffixes K, M, G, T (powers of 1024), optional "iB"/"B".
+func parseSize(_ text: String) -> UInt64? {
+    var s = text.trimmingCharacters(in: .whitespaces).uppercased()
+    for suffix in ["IB", "B"] where s.hasSuffix(suffix) && s.count > suffix.count { s.removeLast(suffix.count) }
+    let units: [Character: UInt64] = ["K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40]
+    var multiplier: UInt64 = 1
+    if let last = s.last, let unit = units[last] {
+        multiplier = unit
+        s.removeLast()
+    }
+    guard let value = Double(s), value >= 0, value * Double(multiplier) < 1.8e19 else { return nil }
+    return UInt64(value * Double(multiplier))
 }

@@ -11,7 +11,7 @@ import Glibc
 /// one per line. A request may get several lines back (progress) before
 /// its final `{"ok":…}` or `{"error":…}`.
 final class ControlServer: Sendable {
-    typealias Handler = @Sendable (_ request: [String: String], _ reply: ControlConnection) -> Void
+    typealias Handler = @Sendable (_ request: [String: Any], _ reply: ControlConnection) -> Void
 
     let path: String
     let listener: Int32
@@ -76,10 +76,14 @@ final class ControlServer: Sendable {
 final class ControlConnection: Sendable {
     let fd: Int32
     let closed = Mutex(false)
+    /// Set when another thread answers later (the unmount waiter): `close()` leaves it open.
+    let heldOpen = Mutex(false)
+
+    func keepOpen() { heldOpen.withLock { $0 = true } }
 
     init(fd: Int32) { self.fd = fd }
 
-    func readRequest() -> [String: String]? {
+    func readRequest() -> [String: Any]? {
         var data = Data()
         var byte: UInt8 = 0
         while data.count < 65536 {
@@ -88,7 +92,7 @@ final class ControlConnection: Sendable {
             if byte == 0x0a { break }
             data.append(byte)
         }
-        return try? JSONDecoder().decode([String: String].self, from: data)
+        return (try? JSONSerialization.jsonObject(with: data)) as? [String: Any]
     }
 
     /// Send one JSON line; false if the client went away.
@@ -111,7 +115,8 @@ final class ControlConnection: Sendable {
         }
     }
 
-    func close() {
+    func close(force: Bool = false) {
+        if !force && heldOpen.withLock({ $0 }) { return }
         closed.withLock { isClosed in
             if !isClosed { Glibc.close(fd) }
             isClosed = true
@@ -137,7 +142,7 @@ enum ControlClient {
 
     /// Send `request`, call `onLine` for every JSON line until the daemon
     /// closes the connection. Throws ECONNREFUSED/ENOENT if nobody listens.
-    static func call(socket path: String, _ request: [String: String], onLine: ([String: Any]) -> Void) throws {
+    static func call(socket path: String, _ request: [String: Any], onLine: ([String: Any]) -> Void) throws {
         let fd = try syscallRetrying("socket") { socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0) }
         defer { close(fd) }
         var address = try address(path)
@@ -145,7 +150,7 @@ enum ControlClient {
             $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
         }
         guard connected == 0 else { throw UbiquityError.posix("connect to \(path)") }
-        var data = try JSONEncoder().encode(request)
+        var data = try JSONSerialization.data(withJSONObject: request)
         data.append(0x0a)
         _ = data.withUnsafeBytes { Glibc.send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
         var buffer = [UInt8](repeating: 0, count: 65536)

@@ -19,6 +19,8 @@ struct MountRequest: Sendable {
     var foreground: Bool
     /// Seconds between journal polls (the folder store also wakes the puller through inotify).
     var pollInterval: Double
+    /// Bytes of downloaded content to keep at most.
+    var cacheLimit: UInt64?
     /// Write "ready"/"error" here (the background parent waits on it).
     var notifyFD: Int32?
 }
@@ -97,7 +99,8 @@ final class Daemon: @unchecked Sendable {
         logger = Logger(label: "ubiquityfs")
         logger.info("mounting \(request.container) of store \(store.root.path) at \(mountpoint) (device \(device.name) \(device.id))")
 
-        let engine = SyncEngine(replica: replica, store: store, container: request.container, device: device, logger: logger)
+        let engine = SyncEngine(replica: replica, store: store, container: request.container, device: device,
+                                logger: logger, cacheLimit: request.cacheLimit)
         do {
             let changed = try engine.pull()
             logger.info("caught up with the store: \(changed.count) changes applied")
@@ -147,49 +150,144 @@ final class Daemon: @unchecked Sendable {
             } catch {
                 waiter.send(["error": "\(error)"])
             }
-            waiter.close()
+            waiter.close(force: true)
         }
         try? replica.persist()
         let pending = replica.withNamespace { ns in ns.pendingSummary() }
         logger.info("stopped; \(pending.items) items (\(pending.bytes) bytes) left in the queue for the next mount")
     }
 
-    func handleControl(_ req: [String: String], _ connection: ControlConnection, engine: SyncEngine,
+    func handleControl(_ req: [String: Any], _ connection: ControlConnection, engine: SyncEngine,
                        replica: Replica, mountpoint: String) {
-        switch req["command"] {
+        defer { connection.close() }
+        let paths = (req["paths"] as? [[String]] ?? []).map { $0.map { FileName($0) } }
+        switch req["command"] as? String {
         case "status":
-            let pending = replica.withNamespace { ns in ns.pendingSummary() }
-            let s = engine.currentStatus
-            var out: [String: Any] = [
-                "pid": Int(getpid()), "mountpoint": mountpoint, "container": request.container,
-                "pendingItems": pending.items, "pendingBytes": pending.bytes,
-                "storeReachable": s.storeReachable, "pushedChangeSets": s.pushedChangeSets,
-            ]
-            if let d = s.lastSync { out["lastSync"] = ISO8601DateFormatter().string(from: d) }
-            if let e = s.lastError { out["lastError"] = e }
-            if let d = s.lastErrorDate { out["lastErrorDate"] = ISO8601DateFormatter().string(from: d) }
-            connection.send(["status": out])
-            connection.close()
+            connection.send(["status": statusReport(engine: engine, replica: replica, mountpoint: mountpoint)])
+        case "download":
+            contentCommand(paths, connection, replica) { inos in
+                try downloadAll(inos, recursive: req["recursive"] as? Bool ?? false, engine: engine, replica: replica,
+                                connection: connection)
+            }
+        case "evict":
+            contentCommand(paths, connection, replica) { inos in
+                var evicted = 0
+                var refused: [String] = []
+                for ino in inos {
+                    for file in replica.withNamespace({ ns in ns.files(under: ino) }) {
+                        do {
+                            if try engine.evict(ino: file) { evicted += 1 }
+                        } catch {
+                            let path = replica.withNamespace { ns in ns.path(of: file) } ?? "inode \(file)"
+                            refused.append("\(path): \(UbiquityError.wrap(error))")
+                        }
+                    }
+                }
+                if !refused.isEmpty { throw UbiquityError(EBUSY, "not evicted: " + refused.joined(separator: "; ")) }
+                connection.send(["done": ["evicted": evicted]])
+            }
+        case "pin", "unpin":
+            let pin = req["command"] as? String == "pin"
+            contentCommand(paths, connection, replica) { inos in
+                for ino in inos { try engine.setPinned(ino: ino, pin) }
+                connection.send(["done": ["items": inos.count]])
+            }
         case "unmount":
             let clientAlive = Mutex(true)
             do {
                 try engine.drain(progress: { items, bytes in
                     if !connection.send(["progress": ["items": items, "bytes": bytes]]) { clientAlive.withLock { $0 = false } }
                 }, shouldContinue: { clientAlive.withLock { $0 } })
-                guard clientAlive.withLock({ $0 }) else { connection.close(); return }
+                guard clientAlive.withLock({ $0 }) else { return }
                 // Anything still pending is held open for writing: the unmount below reports EBUSY.
                 unmountWaiter.withLock { $0 = connection }
                 try Unmounter.unmount(mountpoint, lazy: false)
-                // The FUSE loop ends now; `run` finishes the queue and answers.
+                // The FUSE loop ends now; `run` finishes the queue, answers and closes.
+                connection.keepOpen()
             } catch {
                 unmountWaiter.withLock { $0 = nil }
                 connection.send(["error": "\(UbiquityError.wrap(error))"])
-                connection.close()
             }
         default:
             connection.send(["error": "unknown command"])
-            connection.close()
         }
+    }
+
+    /// Resolve `paths` (relative to the mount) and run `body` on their inodes;
+    /// errors become the reply.
+    func contentCommand(_ paths: [[FileName]], _ connection: ControlConnection, _ replica: Replica,
+                        _ body: ([UInt64]) throws -> Void) {
+        do {
+            let inos = try paths.map { path -> UInt64 in
+                guard let ino = replica.withNamespace({ ns in ns.resolve(path) }) else {
+                    throw UbiquityError(ENOENT, "/\(path.map(\.description).joined(separator: "/")): no such item")
+                }
+                return ino
+            }
+            try body(inos)
+            connection.send(["ok": true])
+        } catch {
+            connection.send(["error": "\(UbiquityError.wrap(error))"])
+        }
+    }
+
+    /// Download every placeholder file named (directories: with `recursive`),
+    /// a few at a time, reporting progress.
+    func downloadAll(_ inos: [UInt64], recursive: Bool, engine: SyncEngine, replica: Replica,
+                     connection: ControlConnection) throws {
+        var files: [UInt64] = []
+        for ino in inos {
+            let isDirectory = replica.withNamespace { ns in ns.node(ino)?.kind == .directory }
+            if isDirectory && !recursive {
+                throw UbiquityError(EISDIR, "\(replica.withNamespace { ns in ns.path(of: ino) } ?? "item") is a folder: use --recursive")
+            }
+            files += replica.withNamespace { ns in ns.files(under: ino).filter { ns.node($0)?.isPlaceholder == true } }
+        }
+        let sizes = replica.withNamespace { ns in files.map { ns.node($0)?.hashSize ?? 0 } }
+        let totalBytes = sizes.reduce(0, +)
+        var doneBytes: UInt64 = 0
+        var failures: [String] = []
+        var index = 0
+        let wave = 4
+        while index < files.count {
+            let batch = Array(files[index..<min(files.count, index + wave)])
+            for file in batch { engine.startDownload(ino: file) }
+            for (offset, file) in batch.enumerated() {
+                let size = sizes[index + offset]
+                var waited = false
+                while !waited {
+                    do {
+                        try engine.waitForContent(ino: file, upTo: size)
+                        waited = true
+                    } catch {
+                        failures.append("\(replica.withNamespace { ns in ns.path(of: file) } ?? "inode \(file)"): \(UbiquityError.wrap(error))")
+                        waited = true
+                    }
+                }
+                doneBytes += size
+                connection.send(["progress": ["items": index + offset + 1, "total": files.count,
+                                              "bytes": doneBytes, "totalBytes": totalBytes]])
+            }
+            index += batch.count
+        }
+        if !failures.isEmpty { throw UbiquityError(EIO, "not downloaded: " + failures.joined(separator: "; ")) }
+    }
+
+    func statusReport(engine: SyncEngine, replica: Replica, mountpoint: String) -> [String: Any] {
+        let pending = replica.withNamespace { ns in ns.pendingSummary() }
+        let downloads = engine.downloadSummary()
+        let s = engine.currentStatus
+        var out: [String: Any] = [
+            "pid": Int(getpid()), "mountpoint": mountpoint, "container": request.container,
+            "pendingItems": pending.items, "pendingBytes": pending.bytes,
+            "downloadingItems": downloads.items, "downloadingBytes": downloads.bytes,
+            "cachedBytes": engine.cacheUsage(), "storeReachable": s.storeReachable,
+            "pushedChangeSets": s.pushedChangeSets,
+            "recentErrors": s.recentErrors.map { ["date": ISO8601DateFormatter().string(from: $0.date), "message": $0.message] },
+        ]
+        if let limit = engine.cacheLimit { out["cacheLimitBytes"] = limit }
+        if let d = s.lastSync { out["lastSync"] = ISO8601DateFormatter().string(from: d) }
+        return out
     }
 
     static func notify(_ fd: Int32, _ message: String) {

@@ -101,8 +101,10 @@ extension FileSystem {
     /// Count the open and hand out a handle for `fd`.
     func register(ino: UInt64, fd: Int32, writable: Bool, streamingSize: UInt64? = nil) -> OpenReply {
         replica.withNamespace { ns in
+            let now = Self.monotonicNow()
             ns.updateRuntime(ino) {
                 $0.openCount += 1
+                $0.lastAccess = now
                 if writable { $0.openWriters += 1 }
             }
         }

@@ -49,6 +49,8 @@ public struct LocalNode: Sendable {
     public var lastName: FileName = FileName(bytes: [])
     /// Conflicted copies of this node not yet resolved.
     public var conflicts: [NodeID] = []
+    /// Keep on this device (a pinned directory pins what arrives in it later).
+    public var pinned = false
 
     // Runtime only (never persisted).
     public var lookups: UInt64 = 0
@@ -56,6 +58,8 @@ public struct LocalNode: Sendable {
     public var openWriters: Int32 = 0
     /// Monotonic nanoseconds of the last local content change (write-back delay).
     public var lastContentChange: UInt64 = 0
+    /// Monotonic nanoseconds of the last open (least recently used eviction).
+    public var lastAccess: UInt64 = 0
 
     public init(ino: UInt64, id: NodeID, kind: NodeKind, mode: UInt32, uid: UInt32, gid: UInt32,
                 size: UInt64 = 0, rdev: UInt64 = 0, target: String? = nil, time: Timespec) {

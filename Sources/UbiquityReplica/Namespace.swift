@@ -175,6 +175,49 @@ public struct Namespace: Sendable {
         return ino
     }
 
+    /// The node at `path` (names from the root), if any.
+    public func resolve(_ path: [FileName]) -> UInt64? {
+        var ino = Self.rootIno
+        for name in path {
+            guard let next = lookup(ino, name) else { return nil }
+            ino = next
+        }
+        return ino
+    }
+
+    /// Whether `ino` is pinned, itself or through a directory above it.
+    public func isPinned(_ ino: UInt64) -> Bool {
+        guard let node = nodes[ino] else { return false }
+        if node.pinned { return true }
+        var current: UInt64? = node.kind == .directory ? directoryParent[ino] : (node.unlinked ? nil : node.lastParent)
+        var steps = 0
+        while let c = current, steps < 100_000 {
+            if nodes[c]?.pinned == true { return true }
+            current = directoryParent[c]
+            steps += 1
+        }
+        return false
+    }
+
+    /// Regular files at or below `ino`.
+    public func files(under ino: UInt64) -> [UInt64] {
+        guard let node = nodes[ino] else { return [] }
+        if node.kind == .file { return [ino] }
+        guard node.kind == .directory else { return [] }
+        var out: [UInt64] = []
+        var stack = [ino]
+        while let dir = stack.popLast() {
+            for entry in children[dir]?.values ?? [:].values {
+                switch nodes[entry.ino]?.kind {
+                case .file?: out.append(entry.ino)
+                case .directory?: stack.append(entry.ino)
+                default: break
+                }
+            }
+        }
+        return out
+    }
+
     /// Every entry naming `ino` (a scan only for hard-linked files).
     public func entriesNaming(_ ino: UInt64) -> [EntryKey] {
         guard let node = nodes[ino], !node.unlinked else { return [] }

@@ -74,7 +74,7 @@ struct ChangeApplier {
             }
             n.version = seq
             if contentDiffers {
-                refresh = n.hasContent
+                refresh = n.hasContent || n.pinned
                 Self.takeContent(state, into: &n)
             }
         }
@@ -83,7 +83,7 @@ struct ChangeApplier {
             resurrect(ino, to: &ns)
         }
         changes.node(ino, contentChanged: contentDiffers, in: ns)
-        if refresh { changes.refresh.append(ino) }
+        if refresh || (contentDiffers && ns.isPinned(ino)) { changes.refresh.append(ino) }
     }
 
     static func takeContent(_ state: NodeState, into n: inout LocalNode) {
@@ -198,6 +198,8 @@ struct ChangeApplier {
         }
         ns.linkEntry(parent, name, child, local: false)
         if node.unlinked { ns.update(child, local: false) { _ in } }
+        // What arrives in a pinned directory is kept on this device.
+        if node.kind == .file, ns.node(child)?.isPlaceholder == true, ns.isPinned(child) { changes.refresh.append(child) }
         changes.node(child, contentChanged: false, in: ns)
         changes.node(parent, contentChanged: false, in: ns)
     }

@@ -149,6 +149,7 @@ extension SyncEngine {
         }
         downloads.condition.broadcast()
         downloads.condition.unlock()
+        if error == nil { enforceCacheLimit() }
     }
 
     func runDownload(ino: UInt64, hash: String?, size: UInt64, chunked: Bool, partial: String) {
@@ -192,13 +193,16 @@ extension SyncEngine {
                 }
             }
             try syscallRetrying("truncate \(partial)") { ftruncate(fd, off_t(size)) }
-            try replica.installCacheFile(from: partial, ino)
-            replica.withNamespace { ns in
-                ns.update(ino, local: false) { n in
-                    // A newer version may have arrived meanwhile: then this content is not it.
-                    if n.hash == hash && !n.hasContent { n.hasContent = true; n.size = n.hashSize }
-                }
+            let installed = try replica.withNamespace { ns -> Bool in
+                // A newer version may have arrived meanwhile: then this content is not it.
+                guard let n = ns.node(ino), n.hash == hash, !n.hasContent else { return false }
+                // The rename happens under the lock (one metadata syscall), so an
+                // eviction or another download never interleaves with it.
+                try replica.installCacheFile(from: partial, ino)
+                ns.update(ino, local: false) { $0.hasContent = true; $0.size = $0.hashSize }
+                return true
             }
+            if !installed { unlink(partial) }
             try replica.persist()
             finish(ino, error: nil)
         } catch {

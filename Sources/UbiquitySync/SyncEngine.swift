@@ -35,6 +35,8 @@ public final class SyncEngine: Sendable {
     public let device: DeviceIdentity
     let logger: Logger
     let writeBackDelay: Double
+    /// Bytes of content to keep at most (nil: no limit).
+    public let cacheLimit: UInt64?
 
     let pushLock = Mutex<Int>(0)
     let pullLock = Mutex<Int>(0)
@@ -48,13 +50,14 @@ public final class SyncEngine: Sendable {
     let pushThreadDone = DispatchSemaphore(value: 0)
 
     public init(replica: Replica, store: any Store, container: String, device: DeviceIdentity,
-                logger: Logger, writeBackDelay: Double = 0.2) {
+                logger: Logger, writeBackDelay: Double = 0.2, cacheLimit: UInt64? = nil) {
         self.replica = replica
         self.store = store
         self.container = container
         self.device = device
         self.logger = logger
         self.writeBackDelay = writeBackDelay
+        self.cacheLimit = cacheLimit
     }
 
     // MARK: - Lifecycle
@@ -91,6 +94,7 @@ public final class SyncEngine: Sendable {
             } catch {
                 record(error: error)
             }
+            enforceCacheLimit()
             if let watcher {
                 watcher.wait(timeout: pollInterval)
             } else {
@@ -128,6 +132,8 @@ public final class SyncEngine: Sendable {
         status.withLock { s in
             s.lastError = text
             s.lastErrorDate = Date()
+            s.recentErrors.append(SyncStatus.Failure(date: Date(), message: text))
+            if s.recentErrors.count > 10 { s.recentErrors.removeFirst(s.recentErrors.count - 10) }
             s.storeReachable = !(error is UbiquityError && (error as! UbiquityError).errno == EHOSTDOWN)
         }
     }
@@ -375,4 +381,10 @@ public struct SyncStatus: Sendable, Codable {
     public var lastErrorDate: Date?
     public var storeReachable = true
     public var pushedChangeSets = 0
+    public var recentErrors: [Failure] = []
+
+    public struct Failure: Sendable, Codable {
+        public var date: Date
+        public var message: String
+    }
 }

@@ -1,0 +1,130 @@
+import ArgumentParser
+import Foundation
+import UbiquityReplica
+import UbiquityStore
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Finding which mount a path belongs to, and talking to its daemon.
+enum MountLocator {
+    /// Mountpoints of ubiquityfs mounts (from /proc/self/mountinfo).
+    static func mounts() -> [String] {
+        guard let text = try? String(contentsOfFile: "/proc/self/mountinfo", encoding: .utf8) else { return [] }
+        return text.split(separator: "\n").compactMap { line in
+            let halves = line.components(separatedBy: " - ")
+            guard halves.count == 2, halves[1].hasPrefix("fuse.ubiquityfs ") else { return nil }
+            let fields = halves[0].split(separator: " ")
+            return fields.count > 4 ? unescapeMountField(String(fields[4])) : nil
+        }
+    }
+
+    static func unescapeMountField(_ s: String) -> String {
+        s.replacingOccurrences(of: "\\040", with: " ").replacingOccurrences(of: "\\011", with: "\t")
+            .replacingOccurrences(of: "\\012", with: "\n").replacingOccurrences(of: "\\134", with: "\\")
+    }
+
+    /// The mount holding `path`, and the path's names below the mount's root.
+    static func locate(_ path: String) throws -> (mountpoint: String, components: [String]) {
+        let absolute = absolutePath(path)
+        for mountpoint in mounts().sorted(by: { $0.count > $1.count }) {
+            if absolute == mountpoint { return (mountpoint, []) }
+            let prefix = mountpoint == "/" ? "/" : mountpoint + "/"
+            if absolute.hasPrefix(prefix) {
+                return (mountpoint, absolute.dropFirst(prefix.count).split(separator: "/").map(String.init))
+            }
+        }
+        throw UbiquityError(EINVAL, "\(absolute) is not inside a ubiquityfs mount")
+    }
+
+    /// Send a request about `paths` to the daemon(s) serving them, printing
+    /// progress; fails with the daemon's message.
+    static func run(_ command: String, paths: [String], extra: [String: Any] = [:],
+                    progress: (([String: Any]) -> Void)? = nil) throws {
+        var byMount: [String: [[String]]] = [:]
+        for path in paths {
+            let (mountpoint, components) = try locate(path)
+            byMount[mountpoint, default: []].append(components)
+        }
+        for (mountpoint, components) in byMount.sorted(by: { $0.key < $1.key }) {
+            var request = extra
+            request["command"] = command
+            request["paths"] = components
+            var failure: String?
+            var ok = false
+            try ControlClient.call(socket: Locations().controlSocket(mountpoint: mountpoint).path, request) { line in
+                if let p = line["progress"] as? [String: Any] { progress?(p) }
+                if let e = line["error"] as? String { failure = e }
+                if line["ok"] != nil { ok = true }
+            }
+            if let failure { throw UbiquityError(EIO, failure) }
+            guard ok else { throw UbiquityError(EIO, "the daemon of \(mountpoint) did not answer") }
+        }
+    }
+}
+
+/// A one-line progress bar on a terminal, plain lines otherwise.
+struct ProgressLine {
+    let tty = isatty(STDERR_FILENO) != 0
+    var last = ""
+
+    mutating func show(done: UInt64, total: UInt64, items: Int, totalItems: Int) {
+        let fraction = total > 0 ? Double(done) / Double(total) : 1
+        let width = 30
+        let filled = Int(fraction * Double(width))
+        let bar = String(repeating: "#", count: filled) + String(repeating: "-", count: width - filled)
+        let text = "[\(bar)] \(Int(fraction * 100))%  \(items)/\(totalItems) files  \(formatBytes(done))/\(formatBytes(total))"
+        guard text != last else { return }
+        last = text
+        FileHandle.standardError.write(Data(((tty ? "\r\u{1b}[K" : "") + text + (tty ? "" : "\n")).utf8))
+    }
+
+    func finish() { if tty && !last.isEmpty { FileHandle.standardError.write(Data("\n".utf8)) } }
+}
+
+struct Download: ParsableCommand {
+    static let configuration = CommandConfiguration(abstract: "Download items so they are available on this device.")
+    @Argument(help: "Files or folders inside a mount.") var paths: [String]
+    @Flag(name: .shortAndLong, help: "Download everything inside folders.") var recursive = false
+
+    func run() throws {
+        var bar = ProgressLine()
+        do {
+            try MountLocator.run("download", paths: paths, extra: ["recursive": recursive]) { p in
+                bar.show(done: UInt64(p["bytes"] as? Int ?? 0), total: UInt64(p["totalBytes"] as? Int ?? 0),
+                         items: p["items"] as? Int ?? 0, totalItems: p["total"] as? Int ?? 0)
+            }
+        } catch {
+            bar.finish()
+            fail(error)
+        }
+        bar.finish()
+    }
+}
+
+struct Evict: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Remove the local copy of items; they stay listed and download again when opened.",
+        discussion: "Refused for items open for writing or with changes not yet pushed. Folders: everything inside.")
+    @Argument(help: "Files or folders inside a mount.") var paths: [String]
+    func run() throws {
+        do { try MountLocator.run("evict", paths: paths) } catch { fail(error) }
+    }
+}
+
+struct Pin: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Keep items on this device (a pinned folder keeps what arrives in it later).")
+    @Argument(help: "Files or folders inside a mount.") var paths: [String]
+    func run() throws {
+        do { try MountLocator.run("pin", paths: paths) } catch { fail(error) }
+    }
+}
+
+struct Unpin: ParsableCommand {
+    static let configuration = CommandConfiguration(abstract: "Stop keeping items on this device.")
+    @Argument(help: "Files or folders inside a mount.") var paths: [String]
+    func run() throws {
+        do { try MountLocator.run("unpin", paths: paths) } catch { fail(error) }
+    }
+}
