@@ -42,11 +42,16 @@ struct Mount: ParsableCommand {
     var pollInterval: Double = 1
     @Option(help: "Keep at most this much downloaded content (e.g. 500M, 20G); least recently used files are evicted first.")
     var cacheSize: String?
+    @Option(help: "This device's name, used in conflicted-copy names (default: the host name; remembered).")
+    var deviceName: String?
     @Option(help: .hidden) var notifyFd: Int32?
 
     func validate() throws {
         guard pollInterval > 0, pollInterval <= 3600 else {
             throw ValidationError("--poll-interval must be between 0 and 3600 seconds")
+        }
+        if let deviceName, deviceName.isEmpty || deviceName.contains("/") || deviceName.count > 64 {
+            throw ValidationError("--device-name must be 1 to 64 characters without '/'")
         }
         if let cacheSize, parseSize(cacheSize) == nil {
             throw ValidationError("--cache-size: '\(cacheSize)' is not a size (examples: 500M, 20G, 1048576)")
@@ -58,7 +63,7 @@ struct Mount: ParsableCommand {
                                    container: container,
                                    fuseOptions: options.flatMap { $0.split(separator: ",").map(String.init) },
                                    foreground: foreground || notifyFd != nil, pollInterval: pollInterval,
-                                   cacheLimit: cacheSize.flatMap(parseSize), notifyFD: notifyFd)
+                                   cacheLimit: cacheSize.flatMap(parseSize), deviceName: deviceName, notifyFD: notifyFd)
         if request.foreground {
             do {
                 chdir("/")
@@ -103,6 +108,7 @@ struct Mount: ParsableCommand {
                          "--poll-interval", String(request.pollInterval)]
         if let store = request.storePath { arguments += ["--store", store] }
         if let limit = request.cacheLimit { arguments += ["--cache-size", String(limit)] }
+        if let name = request.deviceName { arguments += ["--device-name", name] }
         if !request.fuseOptions.isEmpty { arguments += ["-o", request.fuseOptions.joined(separator: ",")] }
 
         var actions = posix_spawn_file_actions_t()

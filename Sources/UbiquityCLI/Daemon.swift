@@ -21,6 +21,8 @@ struct MountRequest: Sendable {
     var pollInterval: Double
     /// Bytes of downloaded content to keep at most.
     var cacheLimit: UInt64?
+    /// This device's name (shown in conflicted-copy names); default: the host name.
+    var deviceName: String?
     /// Write "ready"/"error" here (the background parent waits on it).
     var notifyFD: Int32?
 }
@@ -36,6 +38,8 @@ final class Daemon: @unchecked Sendable {
     var logger = Logger(label: "ubiquityfs")
     /// A client waiting for the unmount to finish (told when everything is pushed).
     let unmountWaiter = Mutex<ControlConnection?>(nil)
+    /// Why the store could not be reached at mount time (the mount then starts offline).
+    var offlineReason: String?
 
     init(request: MountRequest) {
         self.request = request
@@ -67,8 +71,19 @@ final class Daemon: @unchecked Sendable {
         let path = request.storePath.map { URL(fileURLWithPath: $0).standardizedFileURL } ?? locations.defaultStore
         let knownFile = locations.dataHome.appendingPathComponent("known-stores")
             .appendingPathComponent(ContentCopy.hash(of: Data(path.path.utf8)))
-        let known = FileManager.default.fileExists(atPath: knownFile.path)
-        let store = try FolderStore(root: path, create: isDefault, initializeEmpty: !known || isDefault)
+        let knownID = (try? String(contentsOf: knownFile, encoding: .utf8))?.trimmingCharacters(in: .whitespacesAndNewlines)
+        let store: FolderStore
+        do {
+            store = try FolderStore(root: path, create: isDefault && knownID == nil, initializeEmpty: knownID == nil)
+        } catch let error as UbiquityError where knownID != nil && [ENOENT, EHOSTDOWN, EACCES, ENOTDIR, EINVAL].contains(error.errno) {
+            // A store this device has used: missing, emptied, unreadable or unmounted
+            // means unreachable — never "everything was deleted". Work offline.
+            offlineReason = error.description
+            return FolderStore(unreachableAt: path, storeID: knownID!)
+        }
+        if let knownID, knownID != store.storeID {
+            throw UbiquityError(EINVAL, "\(path.path) now holds a different store than the one this device used there; refusing to mix them")
+        }
         try? FileManager.default.createDirectory(at: knownFile.deletingLastPathComponent(), withIntermediateDirectories: true)
         try? store.storeID.write(to: knownFile, atomically: true, encoding: .utf8)
         return store
@@ -80,13 +95,15 @@ final class Daemon: @unchecked Sendable {
         LinuxCalls.limitMallocArenas(2)
         let mountpoint = try Self.validateMountpoint(request.mountpoint)
         try ContainerConfig.validate(id: request.container)
-        let device = try DeviceIdentity.load(dataHome: locations.dataHome)
+        let device = try DeviceIdentity.load(dataHome: locations.dataHome, name: request.deviceName)
         let store = try openStore()
-        if try store.containerConfig(request.container) == nil {
+        let replicaDir = locations.replica(storeID: store.storeID, container: request.container)
+        if offlineReason == nil, try store.containerConfig(request.container) == nil {
             try store.createContainer(ContainerConfig(id: request.container,
                                                       displayName: request.container == Self.defaultContainer ? "Documents" : request.container))
+        } else if let offlineReason, !FileManager.default.fileExists(atPath: replicaDir.appendingPathComponent("index.sqlite").path) {
+            throw UbiquityError(EHOSTDOWN, "\(offlineReason); this device has no replica of \(request.container) to work offline with")
         }
-        let replicaDir = locations.replica(storeID: store.storeID, container: request.container)
         let replica = try Replica(directory: replicaDir, rootOwner: (getuid(), getgid()))
 
         // Logs: the replica's daemon.log, plus stderr in the foreground.
@@ -98,14 +115,16 @@ final class Daemon: @unchecked Sendable {
         LogSetup.bootstrap(descriptors: descriptors, level: ProcessInfo.processInfo.environment["UBIQUITYFS_DEBUG"] != nil ? .debug : .info)
         logger = Logger(label: "ubiquityfs")
         logger.info("mounting \(request.container) of store \(store.root.path) at \(mountpoint) (device \(device.name) \(device.id))")
+        if let offlineReason { logger.warning("the store is unreachable (\(offlineReason)); working offline, changes are queued") }
 
-        let engine = SyncEngine(replica: replica, store: store, container: request.container, device: device,
+        let engine = SyncEngine(replica: replica, store: Self.withInjectedFaults(store), container: request.container, device: device,
                                 logger: logger, cacheLimit: request.cacheLimit)
         do {
             let changed = try engine.pull()
             logger.info("caught up with the store: \(changed.count) changes applied")
         } catch {
             logger.warning("could not catch up with the store, serving the local replica: \(error)")
+            engine.record(error: error)
         }
         let fileSystem = FileSystem(replica: replica, hooks: engine)
         let session = FUSESession(fileSystem: fileSystem, mountpoint: mountpoint, logger: logger)
@@ -204,9 +223,13 @@ final class Daemon: @unchecked Sendable {
                 try Unmounter.unmount(mountpoint, lazy: false)
                 // The FUSE loop ends now; `run` finishes the queue, answers and closes.
                 connection.keepOpen()
+            } catch let error as UbiquityError where error.errno == EBUSY {
+                unmountWaiter.withLock { $0 = nil }
+                connection.send(["error": "\(error)"])
             } catch {
                 unmountWaiter.withLock { $0 = nil }
-                connection.send(["error": "\(UbiquityError.wrap(error))"])
+                let pending = replica.withNamespace { ns in ns.pendingSummary() }
+                connection.send(["error": "cannot push to the store (\(UbiquityError.wrap(error))); \(pending.items) items stay queued. `ubiquityfs unmount --force` detaches now and keeps them for the next mount"])
             }
         default:
             connection.send(["error": "unknown command"])
@@ -288,6 +311,18 @@ final class Daemon: @unchecked Sendable {
         if let limit = engine.cacheLimit { out["cacheLimitBytes"] = limit }
         if let d = s.lastSync { out["lastSync"] = ISO8601DateFormatter().string(from: d) }
         return out
+    }
+
+    /// `UBIQUITYFS_FAULTS=fetch-delay=SECONDS` makes every blob fetch slow —
+    /// for tests of streaming placeholder reads on a real mount, never set otherwise.
+    static func withInjectedFaults(_ store: any Store) -> any Store {
+        guard let spec = ProcessInfo.processInfo.environment["UBIQUITYFS_FAULTS"], !spec.isEmpty else { return store }
+        let faulty = FaultyStore(store)
+        for item in spec.split(separator: ",") {
+            let parts = item.split(separator: "=", maxSplits: 1).map(String.init)
+            if parts.count == 2, parts[0] == "fetch-delay", let seconds = Double(parts[1]) { faulty.slowFetches(by: seconds) }
+        }
+        return faulty
     }
 
     static func notify(_ fd: Int32, _ message: String) {

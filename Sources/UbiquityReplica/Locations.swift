@@ -55,19 +55,24 @@ public struct DeviceIdentity: Codable, Sendable {
         self.name = name
     }
 
-    /// Load `device.json` under `dataHome`, creating it on first use.
-    public static func load(dataHome: URL) throws -> DeviceIdentity {
+    /// Load `device.json` under `dataHome`, creating it on first use (named
+    /// `name`, or after the host). A `name` given later renames the device.
+    public static func load(dataHome: URL, name: String? = nil) throws -> DeviceIdentity {
         let url = dataHome.appendingPathComponent("device.json")
         if let data = FileManager.default.contents(atPath: url.path) {
-            guard let identity = try? JSONDecoder().decode(DeviceIdentity.self, from: data) else {
+            guard var identity = try? JSONDecoder().decode(DeviceIdentity.self, from: data) else {
                 throw UbiquityError(EINVAL, "device identity \(url.path) is damaged; remove it to make this a new device")
+            }
+            if let name, name != identity.name {
+                identity.name = name
+                try JSONEncoder().encode(identity).write(to: url, options: .atomic)
             }
             return identity
         }
         var buffer = [CChar](repeating: 0, count: 256)
         gethostname(&buffer, 255)
         let host = String(cString: buffer)
-        let identity = DeviceIdentity(id: UUID().uuidString.lowercased(), name: host.isEmpty ? "device" : host)
+        let identity = DeviceIdentity(id: UUID().uuidString.lowercased(), name: name ?? (host.isEmpty ? "device" : host))
         try FileManager.default.createDirectory(at: dataHome, withIntermediateDirectories: true)
         try JSONEncoder().encode(identity).write(to: url, options: .atomic)
         return identity

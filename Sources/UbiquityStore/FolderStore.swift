@@ -80,6 +80,14 @@ public final class FolderStore: Store {
         }
     }
 
+    /// A store this device knows (`storeID`) whose folder is not reachable
+    /// now: every call fails with `EHOSTDOWN` until the folder and its marker
+    /// are back. The mount works offline meanwhile.
+    public init(unreachableAt root: URL, storeID: String) {
+        self.root = root.standardizedFileURL
+        self.storeID = storeID
+    }
+
     static func ensureWritable(_ root: URL) throws {
         guard access(root.path, W_OK | X_OK) == 0 else {
             throw UbiquityError(EACCES, "store \(root.path) is not writable")

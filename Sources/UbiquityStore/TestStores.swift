@@ -106,6 +106,7 @@ public final class FaultyStore: Store {
         try base.putBlob(hash, data: data)
     }
     public func flushBlobs() throws { try base.flushBlobs() }
+    public func watchJournal(container: String) -> (any JournalWatcher)? { base.watchJournal(container: container) }
     public func fetchBlob(_ hash: String) throws -> Data {
         try check(.fetchBlob)
         if let delay = delay.withLock({ $0 }) { Thread.sleep(forTimeInterval: delay) }

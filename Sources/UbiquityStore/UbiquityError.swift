@@ -29,6 +29,9 @@ public struct UbiquityError: Error, CustomStringConvertible, Sendable {
         return UbiquityError(EIO, text)
     }
 
+    /// The same message with another errno (to keep the cause's errno, e.g. EHOSTDOWN).
+    public func withErrno(_ code: Int32) -> UbiquityError { UbiquityError(code, message) }
+
     /// The error of the last failed system call, with what was being done.
     public static func posix(_ context: String, errno code: Int32 = Glibc.errno) -> UbiquityError {
         UbiquityError(code, "\(context): \(String(cString: strerror(code)))")

@@ -139,8 +139,8 @@ extension SyncEngine {
         return true
     }
 
-    func finish(_ ino: UInt64, error: UbiquityError?) {
-        if let error { record(error: error) }   // before waking readers: status shows what they got
+    func finish(_ ino: UInt64, error: UbiquityError?, cause: (any Error)? = nil) {
+        if let cause { record(error: cause) }   // before waking readers: status shows what they got
         downloads.condition.lock()
         if let error {
             _ = jobsUpdate(ino) { $0.error = error }
@@ -207,7 +207,7 @@ extension SyncEngine {
             finish(ino, error: nil)
         } catch {
             let failure = UbiquityError(EIO, "download of inode \(ino) failed: \(UbiquityError.wrap(error))")
-            finish(ino, error: failure)
+            finish(ino, error: failure, cause: failure.withErrno(UbiquityError.wrap(error).errno))
         }
     }
 

@@ -86,13 +86,25 @@ public final class SyncEngine: Sendable {
     }
 
     func pullLoop(pollInterval: Double) {
-        let watcher = store.watchJournal(container: container)
+        var watcher = store.watchJournal(container: container)
         defer { watcher?.close(); pullThreadDone.signal() }
         while !stopped.withLock({ $0 }) {
             do {
+                let wasReachable = status.withLock { $0.storeReachable }
                 try pull()
+                if !wasReachable {
+                    logger.info("the store is reachable again; pushing what was queued")
+                    wake.signal()
+                }
+                // The journal folder may have come back (or been replaced): watch it anew.
+                if watcher == nil || !wasReachable {
+                    watcher?.close()
+                    watcher = store.watchJournal(container: container)
+                }
             } catch {
                 record(error: error)
+                watcher?.close()
+                watcher = nil
             }
             enforceCacheLimit()
             if let watcher {
@@ -120,13 +132,13 @@ public final class SyncEngine: Sendable {
             } catch {
                 record(error: error)
                 Thread.sleep(forTimeInterval: backoff)
-                backoff = min(backoff * 2, 30)
+                backoff = min(backoff * 2, 5)
             }
         }
         pushThreadDone.signal()
     }
 
-    func record(error: any Error) {
+    public func record(error: any Error) {
         let text = "\(error)"
         logger.error("sync: \(text)")
         status.withLock { s in
