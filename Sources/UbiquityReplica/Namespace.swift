@@ -156,7 +156,7 @@ public struct Namespace: Sendable {
         let ino = entry.ino
         if let kind = nodes[ino]?.kind {
             if kind == .directory {
-                nodes[parent]?.nlink -= 1
+                if let n = nodes[parent]?.nlink, n > 0 { nodes[parent]!.nlink = n - 1 }
                 touched(parent)
                 nodes[ino]!.nlink = 0
                 directoryParent[ino] = nil
@@ -221,9 +221,10 @@ public struct Namespace: Sendable {
     /// Every entry naming `ino` (a scan only for hard-linked files).
     public func entriesNaming(_ ino: UInt64) -> [EntryKey] {
         guard let node = nodes[ino], !node.unlinked else { return [] }
-        if node.kind == .directory || node.nlink <= 1 {
-            return lookup(node.lastParent, node.lastName) == ino ? [EntryKey(parent: node.lastParent, name: node.lastName)] : []
+        if node.kind == .directory || node.nlink <= 1, lookup(node.lastParent, node.lastName) == ino {
+            return [EntryKey(parent: node.lastParent, name: node.lastName)]
         }
+        if node.kind == .directory { return [] }
         var out: [EntryKey] = []
         for (parent, entries) in children {
             for (name, entry) in entries where entry.ino == ino { out.append(EntryKey(parent: parent, name: name)) }

@@ -23,11 +23,17 @@ import UbiquityStore
 /// - **A move that would make a cycle** (a directory moved into its own
 ///   subtree by the two moves together): the committed move wins; the local
 ///   directory that closed the cycle moves to the container's root.
+nonisolated(unsafe) let traceApply = ProcessInfo.processInfo.environment["UBQ_TRACE_APPLY"] != nil
+func trace(_ text: @autoclosure () -> String) { if traceApply { print("APPLY " + text()) } }
+
 struct ChangeApplier {
     let seq: UInt64
     let deviceName: String
     let now: Date
     var changes = ReplicaChanges()
+    /// Nodes left without a name that hold work not pushed from here, or deleted
+    /// here and edited there: brought back where they were after the entries are applied.
+    var resurrections: [UInt64] = []
 
     init(seq: UInt64, deviceName: String, now: Date = Date()) {
         self.seq = seq
@@ -36,6 +42,7 @@ struct ChangeApplier {
     }
 
     mutating func apply(_ changeSet: ChangeSet, to ns: inout Namespace) {
+        trace("[\(deviceName)] seq \(seq) from \(changeSet.deviceName): \(changeSet.changes.map(Self.describe))")
         let deleted = Set(changeSet.changes.compactMap { change -> NodeID? in
             if case .deleteNode(let id, _) = change { return id }
             return nil
@@ -48,7 +55,17 @@ struct ChangeApplier {
                 applyEntry(parentID: parent, name: name, childID: child, deleted: deleted, to: &ns)
             }
         }
+        // Unless the change set named them somewhere, they come back where they were.
+        for ino in resurrections where ns.node(ino)?.unlinked == true { resurrect(ino, to: &ns) }
         applyDeletions(deleted, to: &ns)
+    }
+
+    static func describe(_ change: Change) -> String {
+        switch change {
+        case .node(let s): return "node \(s.id.prefix(4)) \(s.hash?.prefix(4) ?? "-")"
+        case .entry(let p, let n, let c): return "entry \(p.prefix(4))/\(n)=\(c?.prefix(4) ?? "nil")"
+        case .deleteNode(let id, _): return "delete \(id.prefix(4))"
+        }
     }
 
     // MARK: Nodes
@@ -78,10 +95,7 @@ struct ChangeApplier {
                 Self.takeContent(state, into: &n)
             }
         }
-        if local.unlinked && contentDiffers {
-            // Edited there, deleted here: the edit brings it back.
-            resurrect(ino, to: &ns)
-        }
+        if local.unlinked && contentDiffers { resurrections.append(ino) }
         changes.node(ino, contentChanged: contentDiffers, in: ns)
         if refresh || (contentDiffers && ns.isPinned(ino)) { changes.refresh.append(ino) }
     }
@@ -117,6 +131,7 @@ struct ChangeApplier {
     /// becomes a new node under a conflicted-copy name in the same places.
     mutating func splitConflict(_ ino: UInt64, remote: NodeState, to ns: inout Namespace) {
         let places = ns.entriesNaming(ino)
+        trace("[\(deviceName)]   split \(remote.id.prefix(4)) at \(places.map { "\($0.name)" })")
         ns.rekey(ino, to: UUID().uuidString.lowercased())
         createNode(remote, to: &ns)
         guard let original = ns.inoByID[remote.id], let copyID = ns.node(ino)?.id else { return }
@@ -171,10 +186,13 @@ struct ChangeApplier {
                 // Removal of an entry whose node is deleted there: decided with the deletions.
                 if deleted.contains(node.id) || ours { return }
                 ns.unlinkEntry(parent, name, local: false)
+                // Content edited here must not end up nameless: checked after all entries.
+                if node.hasUnpushedContent { resurrections.append(existing) }
             } else if ours || node.hasUnpushedContent {
                 // Both put something at this name (or it replaces content edited here): ours moves aside.
                 ns.unlinkEntry(parent, name, local: false)
                 let copyName = conflictName(name, in: parent, ns: ns)
+                trace("[\(deviceName)]   aside \(node.id.prefix(4)) \(name) -> \(copyName)")
                 ns.linkEntry(parent, copyName, existing, local: true)
                 changes.entry(parent, copyName, in: ns)
             } else {
@@ -184,6 +202,7 @@ struct ChangeApplier {
         changes.entry(parent, name, in: ns)
         guard let child, let node = ns.node(child) else { return }
         if node.kind == .directory {
+            if child == parent { return }   // never inside itself
             if isAncestor(child, of: parent, in: ns) {
                 breakCycle(moving: child, into: parent, to: &ns)
             }
@@ -221,7 +240,7 @@ struct ChangeApplier {
     mutating func breakCycle(moving dir: UInt64, into parent: UInt64, to ns: inout Namespace) {
         var current = parent
         while let up = ns.directoryParent[current], up != dir { current = up }
-        guard let node = ns.node(current) else { return }
+        guard ns.directoryParent[current] == dir, let node = ns.node(current) else { return }
         let oldParent = ns.directoryParent[current] ?? dir
         ns.unlinkEntry(oldParent, node.lastName, local: true)
         let name = ns.lookup(Namespace.rootIno, node.lastName) == nil
@@ -247,6 +266,7 @@ struct ChangeApplier {
             } else {
                 survives = node.hasUnpushedContent
             }
+            trace("[\(deviceName)]   delete \(node.id.prefix(4)) survives=\(survives)")
             if survives {
                 // Push the node and its entries again: the other devices re-create them.
                 ns.update(ino) { $0.version = 0 }
@@ -289,6 +309,7 @@ struct ChangeApplier {
         let name = ns.lookup(node.lastParent, node.lastName) == nil
             ? node.lastName : conflictName(node.lastName, in: node.lastParent, ns: ns)
         ns.linkEntry(node.lastParent, name, ino, local: true)
+        trace("[\(deviceName)]   resurrect \(node.id.prefix(4)) at \(name)")
         ns.update(ino) { _ in }
         changes.entry(node.lastParent, name, in: ns)
     }

@@ -45,7 +45,8 @@ import Glibc
         #expect(names.count == 2)
         let copy = try #require(names.first { $0.hasPrefix("notes (conflicted copy desktop ") && $0.hasSuffix(").txt") })
         #expect(try a.read(copy) == "desktop edit")
-        let original = a.replica.withNamespace { ns in ns.node(try! a.resolve("notes.txt"))! }
+        let originalIno = try a.resolve("notes.txt")
+        let original = a.replica.withNamespace { ns in ns.node(originalIno)! }
         #expect(original.conflicts.count == 1)
     }
 
@@ -132,8 +133,10 @@ import Glibc
         }
     }
 
-    @Test(arguments: Array(UInt64(1)...12))
+    @Test(arguments: Array(UInt64(1)...120))
     func randomOperationsConverge(seed: UInt64) throws {
+        // UBQ_MODEL_SEED=N runs one seed alone (to trace it with UBQ_TRACE_APPLY=1).
+        if let only = ProcessInfo.processInfo.environment["UBQ_MODEL_SEED"], UInt64(only) != seed { return }
         let store = InMemoryStore()
         let devices = [try TestDevice(store: store, name: "one"), try TestDevice(store: store, name: "two")]
         defer { devices.forEach { $0.cleanUp() } }
@@ -141,10 +144,15 @@ import Glibc
         var written = Set<String>()       // every content written and acknowledged (closed)
         var deletedContent = Set<String>() // contents a device deleted or overwrote on purpose
         let names = ["a", "b", "c", "d/e", "d/f", "g/h"]
-        for step in 0..<200 {
+        // Ten runs of 1,000 operations, the rest of 300.
+        for step in 0..<(seed <= 10 ? 1000 : 300) {
             let d = devices[rng.next(2)]
             let path = names[rng.next(names.count)]
-            switch rng.next(10) {
+            let op = rng.next(10)
+            if ProcessInfo.processInfo.environment["UBQ_TRACE_APPLY"] != nil {
+                print("OP step \(step) device \(d === devices[0] ? "one" : "two") op \(op) path \(path)")
+            }
+            switch op {
             case 0...4:
                 let dir = path.contains("/") ? String(path.split(separator: "/")[0]) : nil
                 if let dir, (try? d.resolve(dir)) == nil { try? d.mkdir(dir) }
@@ -181,7 +189,23 @@ import Glibc
         let trees = try devices.map { try $0.tree() }
         let differing = Set(trees[0].keys).union(trees[1].keys).filter { trees[0][$0] != trees[1][$0] }
             .map { "\($0): \(trees[0][$0] ?? "-") | \(trees[1][$0] ?? "-")" }.sorted()
-        #expect(differing.isEmpty, "devices converge; differing: \(differing)")
+        let pending = devices.map { d in
+            d.replica.withNamespace { ns in
+                ns.unpushedNodes().map { "\(ns.path(of: $0.ino) ?? "?") meta=\($0.hasUnpushedMetadata) content=\($0.hasUnpushedContent) local=\($0.hasContent) writers=\($0.openWriters) unlinked=\($0.unlinked) v=\($0.version)" }
+                    + ns.pendingEntries.keys.map { "entry \(ns.path(of: $0.parent) ?? "?")/\($0.name)" }
+            }
+        }
+        var detail: [String] = []
+        for key in Set(trees[0].keys).union(trees[1].keys) where trees[0][key] != trees[1][key] {
+            for (i, d) in devices.enumerated() {
+                if let ino = try? d.resolve(key) {
+                    let n = d.replica.withNamespace { ns in ns.node(ino)! }
+                    let elsewhere = devices[1 - i].replica.withNamespace { ns in ns.inoByID[n.id].map { ns.path(of: $0) ?? "unlinked" } ?? "unknown" }
+                    detail.append("device \(i): \(key) -> \(n.id.prefix(8)) v\(n.version) (on other: \(elsewhere))")
+                }
+            }
+        }
+        #expect(differing.isEmpty, "devices converge; differing: \(differing); pending: \(pending); \(detail)")
         let present = Set(trees[0].values.compactMap { $0.hasPrefix("file") ? String($0.split(separator: " ", maxSplits: 2)[2]) : nil })
         let lost = written.subtracting(present).subtracting(deletedContent)
         #expect(lost.isEmpty, "lost: \(lost.sorted())")
