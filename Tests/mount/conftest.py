@@ -228,6 +228,11 @@ class Device:
     """
 
     plain = False
+    # Per-device extras for `mount`: arguments appended after UBQ_MOUNT_ARGS,
+    # and variables added to the environment of the `mount` command (hence of
+    # the daemon), e.g. UBIQUITYFS_FAULTS.  Set them on the instance.
+    mount_args: tuple[str, ...] = ()
+    mount_env: dict[str, str] | None = None
 
     def __init__(self, base: Path, store: Path, name: str, *, data_home=None, container=None):
         self.name = name
@@ -260,7 +265,7 @@ class Device:
         env["XDG_DATA_HOME"] = str(self.data_home)
         return env
 
-    def cli(self, *args: str, timeout: float) -> CmdResult:
+    def cli(self, *args: str, timeout: float, extra_env: dict[str, str] | None = None) -> CmdResult:
         """Run `ubiquityfs ARGS` as this device.
 
         Output goes to files, not pipes: a daemon that forgets to detach from
@@ -274,7 +279,7 @@ class Device:
         with open(out_path, "wb") as out, open(err_path, "wb") as err:
             proc = subprocess.Popen(
                 argv,
-                env=self.env(),
+                env={**self.env(), **(extra_env or {})},
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=err,
@@ -300,7 +305,8 @@ class Device:
         args = ["mount", str(self.mountpoint), "--store", str(self.store)]
         if self.container:
             args += ["--container", self.container]
-        res = self.cli(*args, *EXTRA_MOUNT_ARGS, timeout=MOUNT_TIMEOUT)
+        res = self.cli(*args, *EXTRA_MOUNT_ARGS, *self.mount_args, timeout=MOUNT_TIMEOUT,
+                       extra_env=self.mount_env)
         if not check:
             if res.returncode == 0:
                 self._adopt_pid(res)
