@@ -1,5 +1,6 @@
 import ArgumentParser
 import Foundation
+import UbiquityFUSE
 import UbiquityReplica
 import UbiquityStore
 #if canImport(Glibc)
@@ -8,21 +9,7 @@ import Glibc
 
 /// Finding which mount a path belongs to, and talking to its daemon.
 enum MountLocator {
-    /// Mountpoints of ubiquityfs mounts (from /proc/self/mountinfo).
-    static func mounts() -> [String] {
-        guard let text = try? String(contentsOfFile: "/proc/self/mountinfo", encoding: .utf8) else { return [] }
-        return text.split(separator: "\n").compactMap { line in
-            let halves = line.components(separatedBy: " - ")
-            guard halves.count == 2, halves[1].hasPrefix("fuse.ubiquityfs ") else { return nil }
-            let fields = halves[0].split(separator: " ")
-            return fields.count > 4 ? unescapeMountField(String(fields[4])) : nil
-        }
-    }
-
-    static func unescapeMountField(_ s: String) -> String {
-        s.replacingOccurrences(of: "\\040", with: " ").replacingOccurrences(of: "\\011", with: "\t")
-            .replacingOccurrences(of: "\\012", with: "\n").replacingOccurrences(of: "\\134", with: "\\")
-    }
+    static func mounts() -> [String] { MountTable.ubiquityMounts() }
 
     /// The mount holding `path`, and the path's names below the mount's root.
     static func locate(_ path: String) throws -> (mountpoint: String, components: [String]) {

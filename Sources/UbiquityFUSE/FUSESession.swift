@@ -48,9 +48,9 @@ public final class FUSESession: @unchecked Sendable {
     }
 
     /// Serve requests until unmounted or signalled. Returns libfuse's status.
-    public func run(threads: Int = 16) -> Int32 {
+    public func run(threads: Int = 16, idleThreads: Int = Int(ProcessInfo.processInfo.environment["UBQ_IDLE_THREADS"] ?? "") ?? 2) -> Int32 {
         guard let se = session else { return -1 }
-        return ubq_session_loop_mt(se, UInt32(threads))
+        return ubq_session_loop_mt(se, UInt32(threads), UInt32(idleThreads))
     }
 
     /// Drop what the kernel cached about items a pull changed: entries
@@ -106,15 +106,28 @@ public enum Unmounter {
         }
     }
 
-    /// Whether `path` is currently a mountpoint (from /proc/self/mountinfo).
+    /// Whether `path` is currently a mountpoint.
     public static func isMountpoint(_ path: String) -> Bool {
-        guard let text = try? String(contentsOfFile: "/proc/self/mountinfo", encoding: .utf8) else { return false }
-        for line in text.split(separator: "\n") {
-            let fields = line.split(separator: " ")
-            guard fields.count > 4 else { continue }
-            if unescape(String(fields[4])) == path { return true }
+        MountTable.entries().contains { $0.mountpoint == path }
+    }
+}
+
+/// The mounts of this process's namespace, from /proc/self/mountinfo.
+public enum MountTable {
+    public static func entries() -> [(mountpoint: String, type: String)] {
+        guard let text = try? String(contentsOfFile: "/proc/self/mountinfo", encoding: .utf8) else { return [] }
+        return text.split(separator: "\n").compactMap { line in
+            // "ID PARENT MAJ:MIN ROOT MOUNTPOINT OPTIONS [TAGS…] - TYPE SOURCE SUPEROPTS"
+            let halves = line.components(separatedBy: " - ")
+            let fields = halves[0].split(separator: " ")
+            guard halves.count == 2, fields.count > 4, let type = halves[1].split(separator: " ").first else { return nil }
+            return (unescape(String(fields[4])), String(type))
         }
-        return false
+    }
+
+    /// Mountpoints of ubiquityfs mounts.
+    public static func ubiquityMounts() -> [String] {
+        entries().filter { $0.type == "fuse.ubiquityfs" }.map(\.mountpoint)
     }
 
     static func unescape(_ s: String) -> String {

@@ -93,10 +93,6 @@ final class Index: Sendable {
         }
     }
 
-    func meta(_ key: String) throws -> String? {
-        try db.read { db in try String.fetchOne(db, sql: "SELECT value FROM meta WHERE key = ?", arguments: [key]) }
-    }
-
     /// Rebuild the in-memory namespace from the index.
     func load() throws -> Namespace {
         var ns = Namespace()

@@ -290,10 +290,6 @@ public struct Namespace: Sendable {
         log.append(.meta(key: "applied_seq", value: String(seq)))
     }
 
-    public mutating func setMeta(_ key: String, _ value: String) {
-        log.append(.meta(key: key, value: value))
-    }
-
     /// Move dirty node rows into the write log (called under the lock, so the
     /// log keeps the order in which the namespace changed).
     mutating func takeLog() -> [IndexOp] {

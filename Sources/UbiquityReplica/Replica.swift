@@ -117,7 +117,6 @@ public final class Replica: Sendable {
         }
     }
 
-    public func meta(_ key: String) -> String? { try? index.meta(key) }
 
     // MARK: Content cache
 
@@ -159,16 +158,5 @@ public final class Replica: Sendable {
         throw UbiquityError.posix("install downloaded content for inode \(ino)")
     }
 
-    /// Bytes used by the content cache (st_blocks), for status and limits.
-    public func cacheUsage() -> UInt64 {
-        var total: UInt64 = 0
-        guard let walker = FileManager.default.enumerator(atPath: cacheDirectory.path) else { return 0 }
-        while let name = walker.nextObject() as? String {
-            var st = stat()
-            if stat(cacheDirectory.path + "/" + name, &st) == 0, (st.st_mode & S_IFMT) == S_IFREG {
-                total += UInt64(st.st_blocks) * 512
-            }
-        }
-        return total
-    }
+
 }

@@ -121,11 +121,6 @@ extension SyncEngine {
         }
     }
 
-    /// Progress of the download of `ino`, if one is under way or failed.
-    public func downloadState(ino: UInt64) -> (verified: UInt64, total: UInt64, error: String?)? {
-        downloads.withJobs { jobs in jobs[ino].map { ($0.verified, $0.total, $0.error?.message) } }
-    }
-
     func progress(_ ino: UInt64, verified: UInt64) {
         downloads.condition.lock()
         _ = jobsUpdate(ino) { $0.verified = verified; $0.lastProgress = Date() }

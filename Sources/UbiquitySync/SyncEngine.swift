@@ -64,6 +64,9 @@ public final class SyncEngine: Sendable {
 
     /// Start pushing, and following the journal: woken by the store's
     /// watcher when it has one, and every `pollInterval` seconds regardless.
+    /// Longest a push waits for a busy mount to become quiet.
+    static let maxBatchDelay = 2.0
+
     public func start(pollInterval: Double, observer: (any ReplicaObserver)?) {
         self.observer.withLock { $0 = observer }
         let push = Thread { [self] in pushLoop() }
@@ -122,10 +125,15 @@ public final class SyncEngine: Sendable {
         while !stopped.withLock({ $0 }) {
             _ = wake.wait(timeout: .now() + 1)
             if stopped.withLock({ $0 }) { break }
-            // One round serves every change signalled so far.
-            while wake.wait(timeout: .now()) == .success {}
-            // Let writers settle: a burst of changes becomes one commit.
-            Thread.sleep(forTimeInterval: writeBackDelay)
+            // Let writers settle: wait until the mount has been quiet for the
+            // write-back delay (at most `maxBatchDelay`), so a burst of changes
+            // becomes one commit and pushing does not compete with the burst.
+            var waited = 0.0
+            repeat {
+                while wake.wait(timeout: .now()) == .success {}
+                Thread.sleep(forTimeInterval: writeBackDelay)
+                waited += writeBackDelay
+            } while wake.wait(timeout: .now()) == .success && waited < Self.maxBatchDelay
             do {
                 while try pushOnce(ignoreDelay: false), !stopped.withLock({ $0 }) {}
                 backoff = 1

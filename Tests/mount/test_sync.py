@@ -1,0 +1,887 @@
+"""Sync between devices on real mounts: propagation of every kind of change,
+placeholders and streaming reads, conflicts, offline work, a concurrent model
+test, evict/pin/cache limit, and unmounting with an unreachable store.
+
+Every test mounts two devices (own XDG_DATA_HOME each) on one folder store.
+To take ONE device offline, that device is mounted with `--store` pointing at
+a symlink to the store; removing the symlink makes the store vanish for it
+only (the `store_link` fixture).
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import random
+import re
+import stat
+import subprocess
+import threading
+import time
+from datetime import datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from conftest import digest_diff, is_mounted, tree_digest
+
+pytestmark = pytest.mark.daemon
+
+MiB = 1 << 20
+# Seconds within which a change on one device must be visible on the other.
+SYNC_TIMEOUT = 10
+
+
+# --------------------------------------------------------------------------
+# Helpers
+# --------------------------------------------------------------------------
+
+
+def eventually(check, timeout: float = SYNC_TIMEOUT, interval: float = 0.1, what: str = ""):
+    """Call `check()` until it returns without AssertionError/OSError and
+    return its result; after `timeout` seconds fail with the last error."""
+    start = time.monotonic()
+    while True:
+        try:
+            return check()
+        except (AssertionError, OSError) as e:
+            if time.monotonic() - start > timeout:
+                raise AssertionError(
+                    f"not true within {timeout:.0f}s{': ' + what if what else ''}\n"
+                    f"last failure: {type(e).__name__}: {e}"
+                ) from None
+        time.sleep(interval)
+
+
+def wait_until(predicate, timeout: float, interval: float = 0.1) -> bool:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(interval)
+    return True
+
+
+def status_json(dev) -> dict:
+    """`ubiquityfs status MP --json` of a device, parsed."""
+    res = dev.cli("status", dev.mountpoint, "--json", timeout=30)
+    assert res.returncode == 0, f"status failed:\n{res}"
+    return json.loads(res.stdout.strip().splitlines()[0])
+
+
+def new_device(make_device, name: str, *, store=None, args=(), env=None, mount=True):
+    """A device named `name` (also its --device-name), with extra mount
+    arguments and daemon environment."""
+    kw = {} if store is None else {"store": store}
+    dev = make_device(name, mount=False, **kw)
+    dev.mount_args = ("--device-name", name, *map(str, args))
+    dev.mount_env = dict(env or {})
+    if mount:
+        dev.mount()
+    return dev
+
+
+class StoreLink:
+    """A symlink to the real store: a device mounted with `--store` = this
+    symlink loses its store when the link is cut (others keep theirs)."""
+
+    def __init__(self, path: Path, target: Path):
+        self.path = path
+        self.target = target
+        os.symlink(target, path)
+
+    def cut(self) -> None:
+        os.unlink(self.path)
+
+    def point_to(self, target: Path) -> None:
+        if os.path.lexists(self.path):
+            os.unlink(self.path)
+        os.symlink(target, self.path)
+
+    def restore(self) -> None:
+        self.point_to(self.target)
+
+
+@pytest.fixture
+def store_link(make_device, tmp_path, store):
+    # Depends on make_device so that it is torn down first: the link is
+    # restored before the devices are unmounted (gracefully, pushing).
+    link = StoreLink(tmp_path / "store-link", store)
+    yield link
+    link.restore()
+
+
+def wait_pushed(dev, timeout: float = 30) -> None:
+    """Wait until `dev` has nothing left to push."""
+    last = {}
+
+    def check():
+        nonlocal last
+        last = status_json(dev)
+        assert last["pendingItems"] == 0, last
+
+    eventually(check, timeout, 0.2, f"{dev.name} pushes everything")
+
+
+def wait_offline(dev, timeout: float = 5) -> dict:
+    def check():
+        s = status_json(dev)
+        assert s["storeReachable"] is False, s
+        return s
+
+    return eventually(check, timeout, 0.2, f"{dev.name}'s status shows storeReachable false")
+
+
+def wait_quiet(*devs, timeout: float = 60) -> None:
+    """Both devices have nothing to push and nothing downloading, twice in a row."""
+    streak = 0
+    deadline = time.monotonic() + timeout
+    last = None
+    while streak < 2:
+        last = [status_json(d) for d in devs]
+        if all(s["pendingItems"] == 0 and s["downloadingItems"] == 0 for s in last):
+            streak += 1
+        else:
+            streak = 0
+        assert time.monotonic() < deadline, f"devices never quiet within {timeout}s: {last}"
+        time.sleep(0.5)
+
+
+def read(path) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def write(path, data: bytes) -> None:
+    with open(path, "wb") as f:
+        f.write(data)
+
+
+def content_is(path, expected: bytes):
+    def check():
+        got = read(path)
+        assert got == expected, f"{path}: {len(got)} bytes {got[:60]!r}..., expected {len(expected)} bytes {expected[:60]!r}..."
+
+    return check
+
+
+def gone(path):
+    def check():
+        assert not os.path.lexists(path), f"{path} still exists"
+
+    return check
+
+
+def digests_equal(a, b):
+    def check():
+        da, db = tree_digest(a.mountpoint), tree_digest(b.mountpoint)
+        diff = digest_diff(da, db)
+        assert not diff, f"trees differ ({a.name} expected, {b.name} actual):\n{diff}"
+        return da
+
+    return check
+
+
+def all_contents(root) -> list[bytes]:
+    out = []
+    for dirpath, _, files in os.walk(root):
+        for name in files:
+            p = os.path.join(dirpath, name)
+            if not os.path.islink(p):
+                out.append(read(p))
+    return out
+
+
+# --------------------------------------------------------------------------
+# 1. Propagation of every kind of change
+# --------------------------------------------------------------------------
+
+
+def test_every_kind_of_change_propagates(make_device):
+    a = new_device(make_device, "a")
+    b = new_device(make_device, "b")
+    A, B = a.mountpoint, b.mountpoint
+    rng = random.Random(1)
+
+    def on(path_check, what):
+        eventually(path_check, SYNC_TIMEOUT, what=what)
+
+    # create
+    data = rng.randbytes(10_000)
+    write(A / "f.txt", data)
+    on(content_is(B / "f.txt", data), "create f.txt A->B")
+    # edit in place
+    with open(A / "f.txt", "r+b") as f:
+        f.seek(100)
+        f.write(b"EDITED")
+    data = data[:100] + b"EDITED" + data[106:]
+    on(content_is(B / "f.txt", data), "edit f.txt A->B")
+    # append
+    extra = rng.randbytes(5000)
+    with open(A / "f.txt", "ab") as f:
+        f.write(extra)
+    data += extra
+    on(content_is(B / "f.txt", data), "append to f.txt A->B")
+    # rename file
+    os.rename(A / "f.txt", A / "g.txt")
+    on(content_is(B / "g.txt", data), "rename f.txt -> g.txt A->B (new name)")
+    on(gone(B / "f.txt"), "rename f.txt -> g.txt A->B (old name gone)")
+    # mkdir with a file in it, and an empty dir
+    os.mkdir(A / "dir1")
+    write(A / "dir1/inner.txt", b"inner\n")
+    os.mkdir(A / "empty")
+
+    def dirs_there():
+        assert (B / "empty").is_dir() and not (B / "empty").is_symlink()
+        assert (B / "dir1").is_dir()
+        assert read(B / "dir1/inner.txt") == b"inner\n"
+
+    on(dirs_there, "mkdir dir1, empty A->B")
+    # rename directory
+    os.rename(A / "dir1", A / "dir2")
+    on(content_is(B / "dir2/inner.txt", b"inner\n"), "rename dir1 -> dir2 A->B")
+    on(gone(B / "dir1"), "rename dir1 -> dir2 A->B (old name gone)")
+    # rmdir
+    os.rmdir(A / "empty")
+    on(gone(B / "empty"), "rmdir empty A->B")
+    # chmod
+    os.chmod(A / "g.txt", 0o640)
+
+    def mode_is(path, mode):
+        def check():
+            got = stat.S_IMODE(os.stat(path).st_mode)
+            assert got == mode, f"{path}: mode {got:o}, expected {mode:o}"
+
+        return check
+
+    on(mode_is(B / "g.txt", 0o640), "chmod 640 g.txt A->B")
+    os.chmod(A / "dir2", 0o700)
+    on(mode_is(B / "dir2", 0o700), "chmod 700 dir2 A->B")
+    # utime, nanoseconds
+    mtime = 1_234_567_890_123_456_789
+    os.utime(A / "g.txt", ns=(mtime, mtime))
+
+    def mtime_is(path, ns):
+        def check():
+            got = os.stat(path).st_mtime_ns
+            assert got == ns, f"{path}: mtime {got}, expected {ns}"
+
+        return check
+
+    on(mtime_is(B / "g.txt", mtime), "utime g.txt A->B")
+    # user.* xattr set / remove
+    os.setxattr(A / "g.txt", "user.color", b"blue\x00green")
+
+    def xattr_is(path, name, value):
+        def check():
+            if value is None:
+                assert name not in os.listxattr(path), f"{path}: {name} still set"
+            else:
+                assert os.getxattr(path, name) == value
+
+        return check
+
+    on(xattr_is(B / "g.txt", "user.color", b"blue\x00green"), "setxattr user.color A->B")
+    os.removexattr(A / "g.txt", "user.color")
+    on(xattr_is(B / "g.txt", "user.color", None), "removexattr user.color A->B")
+    # hard link
+    os.link(A / "g.txt", A / "dir2/hard.txt")
+
+    def hard_linked():
+        s1, s2 = os.stat(B / "g.txt"), os.stat(B / "dir2/hard.txt")
+        assert s1.st_ino == s2.st_ino, f"different inodes on B: {s1.st_ino} {s2.st_ino}"
+        assert s1.st_nlink == 2 and s2.st_nlink == 2, f"nlink on B: {s1.st_nlink} {s2.st_nlink}"
+        assert read(B / "dir2/hard.txt") == data
+
+    on(hard_linked, "hard link g.txt -> dir2/hard.txt A->B")
+    # symlink
+    os.symlink("g.txt", A / "sym")
+
+    def symlinked():
+        assert os.readlink(B / "sym") == "g.txt"
+
+    on(symlinked, "symlink sym -> g.txt A->B")
+    # delete (one of the two links)
+    os.unlink(A / "g.txt")
+
+    def unlinked():
+        assert not os.path.lexists(B / "g.txt")
+        st = os.stat(B / "dir2/hard.txt")
+        assert st.st_nlink == 1, f"nlink of dir2/hard.txt on B: {st.st_nlink}"
+        assert read(B / "dir2/hard.txt") == data
+
+    on(unlinked, "unlink g.txt A->B")
+    os.unlink(A / "dir2/hard.txt")
+    on(gone(B / "dir2/hard.txt"), "unlink dir2/hard.txt A->B")
+
+    # B -> A
+    write(B / "fromb.txt", b"written on b\n")
+    on(content_is(A / "fromb.txt", b"written on b\n"), "create fromb.txt B->A")
+    os.rename(B / "fromb.txt", B / "dir2/fromb2.txt")
+    os.chmod(B / "dir2/fromb2.txt", 0o600)
+
+    def moved_on_a():
+        assert not os.path.lexists(A / "fromb.txt")
+        assert read(A / "dir2/fromb2.txt") == b"written on b\n"
+        assert stat.S_IMODE(os.stat(A / "dir2/fromb2.txt").st_mode) == 0o600
+
+    on(moved_on_a, "rename + chmod B->A")
+    os.mkdir(B / "bdir")
+    os.setxattr(B / "bdir", "user.tag", b"t")
+    with open(B / "dir2/fromb2.txt", "ab") as f:
+        f.write(b"more\n")
+    on(xattr_is(A / "bdir", "user.tag", b"t"), "mkdir + setxattr B->A")
+    on(content_is(A / "dir2/fromb2.txt", b"written on b\nmore\n"), "append B->A")
+    os.unlink(B / "sym")
+    on(gone(A / "sym"), "unlink symlink B->A")
+
+    eventually(digests_equal(a, b), SYNC_TIMEOUT, what="trees equal at the end")
+
+
+# --------------------------------------------------------------------------
+# 2. Placeholders
+# --------------------------------------------------------------------------
+
+
+def test_placeholders_list_without_downloading(make_device):
+    a = new_device(make_device, "a")
+    b = new_device(make_device, "b")
+    A, B = a.mountpoint, b.mountpoint
+    rng = random.Random(2)
+    os.makedirs(A / "p/sub")
+    files = {
+        "p/small.txt": (rng.randbytes(100), 0o644, 1_500_000_000_123_456_789),
+        "p/mid.bin": (rng.randbytes(300_000), 0o600, 1_500_000_001_000_000_001),
+        "p/big.bin": (rng.randbytes(5 * MiB + 17), 0o755, 1_600_000_000_999_999_999),
+        "p/sub/deep.txt": (b"deep\n" * 1000, 0o640, 1_700_000_000_000_000_000),
+    }
+    for rel, (data, mode, mtime) in files.items():
+        write(A / rel, data)
+        os.chmod(A / rel, mode)
+        os.utime(A / rel, ns=(mtime, mtime))
+    wait_pushed(a)
+
+    def listed():
+        for rel, (data, mode, mtime) in files.items():
+            st = os.stat(B / rel)
+            got = (st.st_size, stat.S_IMODE(st.st_mode), st.st_mtime_ns)
+            assert got == (len(data), mode, mtime), f"{rel} on B: (size, mode, mtime) {got}, expected {(len(data), mode, mtime)}"
+
+    eventually(listed, SYNC_TIMEOUT, what="B lists A's files with size/mode/mtime")
+    for rel in files:
+        st = os.stat(B / rel)
+        assert st.st_blocks == 0, f"{rel} on B: st_blocks {st.st_blocks} before any read (placeholder expected)"
+    s = status_json(b)
+    assert s["cachedBytes"] == 0, f"B has downloaded something before any read: {s}"
+
+    # Listing tools download nothing.
+    for cmd in (["ls", "-lR", B], ["find", B], ["find", B, "-type", "f", "-size", "+1k"], ["stat", *(B / r for r in files)]):
+        proc = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0, f"{cmd}: {proc.stderr}"
+    du = subprocess.run(["du", "-s", str(B)], capture_output=True, text=True, timeout=60)
+    assert du.returncode == 0, du.stderr
+    time.sleep(1.5)  # anything started in the background would show by now
+    s = status_json(b)
+    assert s["cachedBytes"] == 0 and s["downloadingItems"] == 0, f"listing downloaded something on B: {s}"
+    assert du.stdout.split()[0] == "0", f"du -s on B (only placeholders): {du.stdout!r}"
+    for rel in files:
+        assert os.stat(B / rel).st_blocks == 0, f"{rel} on B got blocks from listing"
+
+    # Reading downloads.
+    for rel, (data, _, mtime) in files.items():
+        assert read(B / rel) == data, f"{rel}: content on B differs from A's"
+        st = os.stat(B / rel)
+        assert st.st_blocks > 0, f"{rel} on B: st_blocks {st.st_blocks} right after reading it"
+        assert st.st_mtime_ns == mtime, f"{rel} on B: reading changed mtime to {st.st_mtime_ns}"
+    s = status_json(b)
+    total = sum(len(d) for d, _, _ in files.values())
+    assert s["cachedBytes"] >= total, f"after reading {total} bytes on B: {s}"
+
+
+# --------------------------------------------------------------------------
+# 3. Partial reads of a large placeholder stream
+# --------------------------------------------------------------------------
+
+
+def test_partial_read_of_large_placeholder_returns_early(make_device):
+    a = new_device(make_device, "a")
+    b = new_device(make_device, "b", env={"UBIQUITYFS_FAULTS": "fetch-delay=0.3"})
+    data = os.urandom(64 * MiB)
+    write(a.mountpoint / "large.bin", data)
+    wait_pushed(a, 60)
+
+    def listed():
+        assert os.stat(b.mountpoint / "large.bin").st_size == len(data)
+
+    eventually(listed, SYNC_TIMEOUT, what="B lists large.bin")
+    assert os.stat(b.mountpoint / "large.bin").st_blocks == 0
+
+    t0 = time.monotonic()
+    fd = os.open(b.mountpoint / "large.bin", os.O_RDONLY)
+    try:
+        first = os.read(fd, 4096)
+        t_first = time.monotonic() - t0
+        parts = [first]
+        while chunk := os.read(fd, 1 << 20):
+            parts.append(chunk)
+        t_all = time.monotonic() - t0
+    finally:
+        os.close(fd)
+    whole = b"".join(parts)
+    assert first == data[:4096], "first 4 KiB on B differ from A's"
+    assert whole == data, f"content on B differs from A's ({len(whole)} bytes read)"
+    print(f"first 4 KiB after {t_first:.2f}s, everything after {t_all:.2f}s")
+    assert t_first < 2, f"reading the first 4 KiB took {t_first:.2f}s (everything: {t_all:.2f}s)"
+    assert t_all > 3, f"reading all 64 MiB took only {t_all:.2f}s with a 0.3 s fetch delay (first 4 KiB: {t_first:.2f}s)"
+
+
+# --------------------------------------------------------------------------
+# 4. Conflicts
+# --------------------------------------------------------------------------
+
+CONFLICT_RE = re.compile(r"^doc \(conflicted copy (?P<device>.+) (?P<date>\d{4}-\d\d-\d\d) (?P<time>\d{6})\)\.txt$")
+
+
+def test_concurrent_edits_keep_both_as_conflicted_copy(make_device, store_link):
+    a = new_device(make_device, "a")
+    b = new_device(make_device, "b", store=store_link.path)
+    A, B = a.mountpoint, b.mountpoint
+    write(A / "doc.txt", b"base\n")
+    eventually(content_is(B / "doc.txt", b"base\n"), what="doc.txt reaches B")
+
+    store_link.cut()
+    wait_offline(b)
+    from_a, from_b = b"edited on a\n", b"edited on b, longer\n"
+    write(A / "doc.txt", from_a)
+    write(B / "doc.txt", from_b)
+    wait_pushed(a)
+    time.sleep(0.5)  # let B try (and fail) to push
+    store_link.restore()
+
+    def converged():
+        found = {}
+        for dev in (a, b):
+            names = sorted(os.listdir(dev.mountpoint))
+            copies = [n for n in names if CONFLICT_RE.match(n)]
+            assert "doc.txt" in names and len(copies) == 1 and len(names) == 2, f"{dev.name} has {names}"
+            found[dev.name] = {n: read(dev.mountpoint / n) for n in names}
+        assert found["a"] == found["b"], f"devices differ: {found}"
+        return found["a"]
+
+    result = eventually(converged, 20, 0.25, "both devices show doc.txt and one conflicted copy")
+    assert sorted(result.values()) == sorted([from_a, from_b]), f"contents: {result}"
+    copy = next(n for n in result if n != "doc.txt")
+    m = CONFLICT_RE.match(copy)
+    assert m["device"] in ("a", "b"), f"conflicted copy names device {m['device']!r}: {copy}"
+    when = datetime.strptime(m["date"] + m["time"], "%Y-%m-%d%H%M%S")
+    assert abs(when - datetime.now()) < timedelta(days=1), f"odd date in {copy}"
+    print(f"doc.txt = {result['doc.txt']!r}; {copy} = {result[copy]!r}")
+    eventually(digests_equal(a, b), what="tree_digest equal")
+
+
+# --------------------------------------------------------------------------
+# 5. Offline
+# --------------------------------------------------------------------------
+
+
+def test_offline_device_works_and_converges(make_device, store_link):
+    a = new_device(make_device, "a")
+    b = new_device(make_device, "b", store=store_link.path)
+    A, B = a.mountpoint, b.mountpoint
+    rng = random.Random(5)
+    written: dict[str, bytes] = {}
+
+    def put(root, rel, data):
+        write(root / rel, data)
+        written[f"{root}:{rel}"] = data
+
+    put(A, "keep.txt", b"keep\n")
+    put(A, "placeholder.bin", rng.randbytes(MiB))
+    put(A, "edit_a.txt", b"edit_a v1\n")
+    put(A, "edit_b.txt", b"edit_b v1\n")
+    eventually(content_is(B / "keep.txt", b"keep\n"), what="keep.txt reaches B")
+    eventually(content_is(B / "edit_b.txt", b"edit_b v1\n"), what="edit_b.txt reaches B")
+    eventually(lambda: os.stat(B / "placeholder.bin"), what="placeholder.bin listed on B")
+    assert os.stat(B / "placeholder.bin").st_blocks == 0
+
+    store_link.cut()
+    t0 = time.monotonic()
+    with pytest.raises(OSError) as exc:
+        read(B / "placeholder.bin")
+    took = time.monotonic() - t0
+    assert exc.value.errno == errno.EIO, f"reading a placeholder offline: {exc.value!r}, expected EIO"
+    assert took < 5, f"reading a placeholder offline took {took:.1f}s to fail"
+    wait_offline(b)
+    assert read(B / "keep.txt") == b"keep\n", "downloaded content unreadable offline"
+
+    put(A, "new_a.txt", b"new on a\n")
+    put(A, "edit_a.txt", b"edit_a v2 (a)\n")
+    put(B, "new_b.txt", b"new on b\n")
+    os.mkdir(B / "bdir")
+    put(B, "bdir/x.txt", rng.randbytes(200_000))
+    put(B, "edit_b.txt", b"edit_b v2 (b)\n")
+    wait_pushed(a)
+    time.sleep(1)
+    assert status_json(b)["pendingItems"] > 0, "B reports nothing pending while offline"
+
+    store_link.restore()
+    t1 = time.monotonic()
+    eventually(digests_equal(a, b), 15, 0.25, "both devices converge within 15 s of the store coming back")
+    print(f"converged {time.monotonic() - t1:.1f}s after the store came back")
+    contents = all_contents(A)
+    missing = [k for k, v in written.items() if v not in contents]
+    assert not missing, f"written contents found in no file: {missing}"
+    assert read(A / "new_b.txt") == b"new on b\n"
+    assert read(A / "edit_b.txt") == b"edit_b v2 (b)\n"
+    assert read(B / "edit_a.txt") == b"edit_a v2 (a)\n"
+
+
+def test_store_replaced_by_empty_folder_deletes_nothing(make_device, store_link, tmp_path):
+    a = new_device(make_device, "a")
+    b = new_device(make_device, "b", store=store_link.path)
+    A, B = a.mountpoint, b.mountpoint
+    os.mkdir(A / "d")
+    write(A / "d/one.txt", b"one\n")
+    write(A / "two.bin", os.urandom(300_000))
+    write(A / "placeholder.txt", b"never read on b\n")
+    eventually(content_is(B / "d/one.txt", b"one\n"), what="d/one.txt reaches B")
+    eventually(content_is(B / "two.bin", read(A / "two.bin")), what="two.bin reaches B")
+    eventually(lambda: os.stat(B / "placeholder.txt"), what="placeholder.txt listed on B")
+    wait_pushed(a)
+    names_before = sorted(os.listdir(B)) + sorted(os.listdir(B / "d"))
+    placeholder_size = os.stat(B / "placeholder.txt").st_size
+
+    empty = tmp_path / "empty-store"
+    empty.mkdir()
+    store_link.point_to(empty)
+    wait_offline(b)
+    time.sleep(3)  # several polls against the empty folder
+    names_after = sorted(os.listdir(B)) + sorted(os.listdir(B / "d"))
+    assert names_after == names_before, f"B's tree changed with an empty store: {names_before} -> {names_after}"
+    assert read(B / "d/one.txt") == b"one\n"
+    assert read(B / "two.bin") == read(A / "two.bin")
+    assert os.stat(B / "placeholder.txt").st_size == placeholder_size
+    write(B / "while-empty.txt", b"written while the store was empty\n")
+    time.sleep(2)
+    assert os.listdir(empty) == [], f"the empty folder was turned into a store / written to: {os.listdir(empty)}"
+    assert sorted(os.listdir(A)) == ["d", "placeholder.txt", "two.bin"], f"A changed: {os.listdir(A)}"
+
+    store_link.restore()
+    eventually(content_is(A / "while-empty.txt", b"written while the store was empty\n"), 15,
+               what="B's write reaches A once the real store is back")
+    eventually(digests_equal(a, b), 15, what="trees equal after the store came back")
+    assert read(B / "placeholder.txt") == b"never read on b\n"
+
+
+# --------------------------------------------------------------------------
+# 6. Model test: concurrent random operations on both devices
+# --------------------------------------------------------------------------
+
+FILE_PATHS = ["a", "b", "c", "d1/x", "d1/y", "d2/x"]
+DIR_PATHS = ["d1", "d2"]
+ALL_PATHS = FILE_PATHS + DIR_PATHS
+TOKEN_RE = re.compile(rb"<[AB]:\d+:[0-9a-f]{8}>")
+EXPECTED_ERRNOS = {errno.ENOENT, errno.EISDIR, errno.ENOTDIR, errno.EEXIST, errno.ENOTEMPTY, errno.EINVAL}
+
+
+class Actor:
+    """Issues random operations on one mount; remembers every token it wrote
+    and every token it destroyed on purpose (read from a target just before
+    overwriting, unlinking or renaming over it)."""
+
+    def __init__(self, label: str, root: Path, seed: int, n_ops: int):
+        self.label, self.root, self.rng, self.n_ops = label, root, random.Random(seed), n_ops
+        self.written: set[bytes] = set()
+        self.destroyed: set[bytes] = set()
+        self.unexpected: list[str] = []
+        self.log: list[str] = []
+        self.counter = 0
+
+    def token(self) -> bytes:
+        self.counter += 1
+        return b"<%s:%d:%08x>" % (self.label.encode(), self.counter, self.rng.getrandbits(32))
+
+    def tokens_in(self, rel: str) -> set[bytes] | None:
+        """Tokens in the file at rel; empty if it is absent or not a file; None if unreadable."""
+        p = self.root / rel
+        try:
+            st = os.lstat(p)
+        except FileNotFoundError:
+            return set()
+        except OSError as e:
+            if e.errno in (errno.ENOTDIR,):
+                return set()
+            raise
+        if not stat.S_ISREG(st.st_mode):
+            return set()
+        try:
+            return set(TOKEN_RE.findall(read(p)))
+        except FileNotFoundError:
+            return set()
+
+    def op(self, i: int) -> None:
+        r = self.rng.random()
+        p = self.rng.choice(FILE_PATHS if r < 0.6 else ALL_PATHS)
+        if r < 0.35:
+            kind = "write"
+        elif r < 0.55:
+            kind = "append"
+        elif r < 0.75:
+            kind = "rename"
+        elif r < 0.87:
+            kind = "unlink"
+        elif r < 0.95:
+            kind = "mkdir"
+        else:
+            kind = "rmdir"
+        full = self.root / p
+        tok = self.token()
+        body = tok + b"\n" + b"." * self.rng.choice([0, 10, 1000, 70_000])
+        if kind == "write":
+            before = self.tokens_in(p)
+            fd = os.open(full, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            self.destroyed |= before
+            try:
+                os.write(fd, body)
+            finally:
+                os.close(fd)
+            self.written.add(tok)
+            desc = f"write {p} {tok.decode()} (replaces {sorted(t.decode() for t in before)})"
+        elif kind == "append":
+            fd = os.open(full, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+            try:
+                os.write(fd, b"\n" + body)
+            finally:
+                os.close(fd)
+            self.written.add(tok)
+            desc = f"append {p} {tok.decode()}"
+        elif kind == "rename":
+            dst = self.rng.choice(ALL_PATHS)
+            before = self.tokens_in(dst)
+            os.rename(full, self.root / dst)
+            if p != dst:
+                self.destroyed |= before
+            desc = f"rename {p} -> {dst} (replaces {sorted(t.decode() for t in before)})"
+        elif kind == "unlink":
+            before = self.tokens_in(p)
+            os.unlink(full)
+            self.destroyed |= before
+            desc = f"unlink {p} (had {sorted(t.decode() for t in before)})"
+        elif kind == "mkdir":
+            os.mkdir(full)
+            desc = f"mkdir {p}"
+        else:
+            os.rmdir(full)
+            desc = f"rmdir {p}"
+        self.log.append(f"{i} {self.label} ok   {desc}")
+
+    def run(self) -> None:
+        for i in range(self.n_ops):
+            try:
+                self.op(i)
+            except OSError as e:
+                self.log.append(f"{i} {self.label} fail {e!r}")
+                if e.errno not in EXPECTED_ERRNOS:
+                    self.unexpected.append(f"op {i}: {e!r}")
+            except Exception as e:  # noqa: BLE001 - report, do not kill the thread silently
+                self.unexpected.append(f"op {i}: {e!r}")
+            time.sleep(self.rng.choice([0, 0, 0.001, 0.005, 0.02, 0.05]))
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_model_concurrent_random_operations_converge(make_device, seed):
+    a = new_device(make_device, "a")
+    b = new_device(make_device, "b")
+    for d in DIR_PATHS:
+        os.mkdir(a.mountpoint / d)
+    eventually(lambda: [os.stat(b.mountpoint / d) for d in DIR_PATHS], what="initial dirs reach B")
+
+    actors = [Actor("A", a.mountpoint, seed * 1000 + 1, 150), Actor("B", b.mountpoint, seed * 1000 + 2, 150)]
+    threads = [threading.Thread(target=x.run) for x in actors]
+    t0 = time.monotonic()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not any(t.is_alive() for t in threads), "operations hung"
+    print(f"300 operations in {time.monotonic() - t0:.1f}s")
+    log = "\n".join(actors[0].log + actors[1].log)
+    unexpected = actors[0].unexpected + actors[1].unexpected
+    assert not unexpected, f"unexpected errors from operations: {unexpected}"
+
+    wait_quiet(a, b)
+    time.sleep(3)
+    t1 = time.monotonic()
+    try:
+        da = eventually(digests_equal(a, b), 10, 0.5, "tree_digest A == B after quiet")
+    except AssertionError as e:
+        raise AssertionError(f"{e}\nstatus a {status_json(a)}\nstatus b {status_json(b)}\noperations:\n{log}") from None
+    extra = time.monotonic() - t1
+    print(f"trees equal {extra:.1f}s after quiet+3s; {len(da)} entries: {sorted(da)}")
+
+    found = set()
+    for content in all_contents(a.mountpoint):
+        found |= set(TOKEN_RE.findall(content))
+    written = actors[0].written | actors[1].written
+    destroyed = actors[0].destroyed | actors[1].destroyed
+    lost = sorted(t.decode() for t in written - destroyed - found)
+    assert not lost, (
+        f"{len(lost)} written contents, never overwritten/deleted on purpose, are in no file: {lost}\n"
+        f"tree: {sorted(da)}\noperations:\n{log}"
+    )
+
+
+# --------------------------------------------------------------------------
+# 7. Evict, pin, cache limit
+# --------------------------------------------------------------------------
+
+
+def test_evict_then_read_again_and_refusal_while_open_for_writing(make_device):
+    a = new_device(make_device, "a")
+    b = new_device(make_device, "b")
+    A, B = a.mountpoint, b.mountpoint
+    data = os.urandom(2 * MiB + 5)
+    write(A / "e.bin", data)
+    os.mkdir(A / "ed")
+    write(A / "ed/1.txt", b"one\n" * 1000)
+    write(A / "ed/2.txt", b"two\n" * 1000)
+    eventually(content_is(B / "e.bin", data), what="e.bin reaches B")
+    eventually(content_is(B / "ed/1.txt", b"one\n" * 1000), what="ed/1.txt reaches B")
+    eventually(content_is(B / "ed/2.txt", b"two\n" * 1000), what="ed/2.txt reaches B")
+    assert os.stat(B / "e.bin").st_blocks > 0
+    cached = status_json(b)["cachedBytes"]
+    assert cached >= len(data) + 8000, f"cachedBytes {cached} after reading three files"
+
+    res = b.cli("evict", B / "e.bin", timeout=30)
+    assert res.returncode == 0, f"evict failed:\n{res}"
+    st = os.stat(B / "e.bin")
+    assert st.st_blocks == 0, f"st_blocks {st.st_blocks} after evict"
+    assert st.st_size == len(data)
+    after = status_json(b)["cachedBytes"]
+    assert after <= cached - len(data), f"cachedBytes {cached} -> {after} after evicting {len(data)} bytes"
+    assert read(B / "e.bin") == data, "content after evict + read differs"
+    assert os.stat(B / "e.bin").st_blocks > 0, "st_blocks still 0 after reading the evicted file"
+
+    # A folder: everything inside.
+    res = b.cli("evict", B / "ed", timeout=30)
+    assert res.returncode == 0, f"evict of a folder failed:\n{res}"
+    for rel in ("ed/1.txt", "ed/2.txt"):
+        assert os.stat(B / rel).st_blocks == 0, f"{rel}: st_blocks {os.stat(B / rel).st_blocks} after evicting ed"
+    assert read(B / "ed/2.txt") == b"two\n" * 1000
+
+    # Open for writing on this device: refused.
+    with open(B / "e.bin", "r+b") as f:
+        f.write(b"X")
+        f.flush()
+        res = b.cli("evict", B / "e.bin", timeout=30)
+        assert res.returncode == 1, f"evict of a file open for writing was not refused:\n{res}"
+        assert "open for writing" in res.stderr or "not yet pushed" in res.stderr, f"refusal message:\n{res}"
+        assert os.stat(B / "e.bin").st_blocks > 0
+    data = b"X" + data[1:]
+    assert read(B / "e.bin") == data
+    eventually(content_is(A / "e.bin", data), what="the edit on B reaches A")
+
+
+def test_pinned_folder_downloads_everything_and_newcomers(make_device):
+    a = new_device(make_device, "a")
+    b = new_device(make_device, "b")
+    A, B = a.mountpoint, b.mountpoint
+    os.makedirs(A / "pinned/sub")
+    files = {"pinned/1.bin": os.urandom(MiB), "pinned/sub/2.bin": os.urandom(5 * MiB), "other.bin": os.urandom(MiB)}
+    for rel, data in files.items():
+        write(A / rel, data)
+    wait_pushed(a)
+    eventually(lambda: [os.stat(B / rel) for rel in files], what="files listed on B")
+    for rel in files:
+        assert os.stat(B / rel).st_blocks == 0
+
+    res = b.cli("pin", B / "pinned", timeout=60)
+    assert res.returncode == 0, f"pin failed:\n{res}"
+
+    def downloaded(rel):
+        def check():
+            st = os.stat(B / rel)
+            assert st.st_blocks * 512 >= st.st_size, f"{rel} on B: st_blocks {st.st_blocks}, size {st.st_size}"
+
+        return check
+
+    for rel in ("pinned/1.bin", "pinned/sub/2.bin"):
+        eventually(downloaded(rel), SYNC_TIMEOUT, what=f"pinned {rel} downloaded on B without reading it")
+    assert os.stat(B / "other.bin").st_blocks == 0, "other.bin (not pinned) was downloaded"
+
+    later = os.urandom(2 * MiB)
+    write(A / "pinned/sub/3.bin", later)
+    eventually(downloaded("pinned/sub/3.bin"), SYNC_TIMEOUT,
+               what="a file A adds later to the pinned folder is downloaded on B automatically")
+    for rel, data in [*files.items(), ("pinned/sub/3.bin", later)]:
+        assert read(B / rel) == data, f"{rel}: content on B differs"
+
+
+def test_cache_limit_evicts_least_recently_used(make_device):
+    a = new_device(make_device, "a")
+    b = new_device(make_device, "b", args=["--cache-size", "20M"])
+    A, B = a.mountpoint, b.mountpoint
+    names = [f"f{i}.bin" for i in range(1, 6)]
+    datas = {n: os.urandom(10 * MiB) for n in names}
+    for n in names:
+        write(A / n, datas[n])
+    wait_pushed(a, 60)
+    eventually(lambda: [os.stat(B / n) for n in names], what="files listed on B")
+    limit = 20 * MiB
+    s = status_json(b)
+    assert s.get("cacheLimitBytes") == limit, f"status: {s}"
+    history = []
+    for n in names:
+        res = b.cli("download", B / n, timeout=60)
+        assert res.returncode == 0, f"download failed:\n{res}"
+        s = status_json(b)
+        history.append((n, s["cachedBytes"]))
+        assert s["cachedBytes"] <= limit + 10 * MiB, f"after downloading {n}: cachedBytes {s['cachedBytes']} (history {history})"
+    time.sleep(2)  # a poll round or two
+    s = status_json(b)
+    blocks = {n: os.stat(B / n).st_blocks for n in names}
+    print(f"cachedBytes after each download: {history}; at the end {s['cachedBytes']}; st_blocks {blocks}")
+    assert s["cachedBytes"] <= limit + 10 * MiB, f"cachedBytes {s['cachedBytes']} at the end"
+    assert blocks["f5.bin"] > 0, f"the most recently downloaded file was evicted: {blocks}"
+    assert blocks["f1.bin"] == 0, f"the least recently used file is still cached: {blocks}"
+    for n in names:
+        assert read(B / n) == datas[n], f"{n}: content on B differs"
+
+
+# --------------------------------------------------------------------------
+# 8. Unmount with an unreachable store
+# --------------------------------------------------------------------------
+
+
+def test_unmount_with_unreachable_store_needs_force_and_keeps_queue(make_device, store_link):
+    a = new_device(make_device, "a")
+    b = new_device(make_device, "b", store=store_link.path)
+    A, B = a.mountpoint, b.mountpoint
+    write(B / "before.txt", b"before\n")
+    eventually(content_is(A / "before.txt", b"before\n"), what="before.txt reaches A")
+
+    store_link.cut()
+    write(B / "queued1.txt", b"queued one\n")
+    os.mkdir(B / "qdir")
+    write(B / "qdir/queued2.bin", os.urandom(300_000))
+    queued2 = read(B / "qdir/queued2.bin")
+    os.rename(B / "before.txt", B / "qdir/moved.txt")
+
+    res = b.cli("unmount", B, timeout=60)
+    assert res.returncode not in (0, None), f"unmount with an unreachable store did not fail:\n{res}"
+    assert "--force" in res.text, f"unmount's message does not mention --force:\n{res}"
+    assert b.is_mounted(), "the failed unmount unmounted anyway"
+    assert read(B / "queued1.txt") == b"queued one\n", "mount unusable after the refused unmount"
+
+    b.unmount(force=True)
+    assert not is_mounted(B)
+    assert not os.path.exists(A / "queued1.txt")
+
+    store_link.restore()
+    b.mount()
+    eventually(content_is(A / "queued1.txt", b"queued one\n"), 15, what="queued1.txt pushed after remount")
+    eventually(content_is(A / "qdir/queued2.bin", queued2), 15, what="qdir/queued2.bin pushed after remount")
+    eventually(content_is(A / "qdir/moved.txt", b"before\n"), 15, what="rename pushed after remount")
+    eventually(gone(A / "before.txt"), 15, what="before.txt gone on A after remount")
+    eventually(digests_equal(a, b), what="trees equal")
