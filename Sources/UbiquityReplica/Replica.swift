@@ -55,6 +55,7 @@ public final class Replica: Sendable {
             index = try Index(path: directory.appendingPathComponent("index.sqlite").path)
             var ns = try index.load()
             Self.recover(&ns, cacheDirectory: cacheDirectory, rootOwner: rootOwner)
+            Self.removeOrphanedCacheFiles(ns, cacheDirectory: cacheDirectory)
             namespace = Mutex(ns)
         } catch {
             close(lockFD)
@@ -91,6 +92,25 @@ public final class Replica: Sendable {
             if ns.nodes[ino]!.unlinked || (ns.nodes[ino]!.nlink == 0 && ino != Namespace.rootIno) {
                 ns.nodes[ino]!.unlinked = true
                 if ns.dropIfUnreferenced(ino) { unlink(cachePath(cacheDirectory, ino)) }
+            }
+        }
+    }
+
+    /// Delete cache files no node owns (a file created but never closed
+    /// before a crash; content of nodes deleted meanwhile). Partial downloads
+    /// of placeholders stay: they resume.
+    static func removeOrphanedCacheFiles(_ ns: Namespace, cacheDirectory: URL) {
+        let fm = FileManager.default
+        guard let buckets = try? fm.contentsOfDirectory(atPath: cacheDirectory.path) else { return }
+        for bucket in buckets {
+            let dir = cacheDirectory.path + "/" + bucket
+            guard let names = try? fm.contentsOfDirectory(atPath: dir) else { continue }
+            for name in names {
+                let isPartial = name.hasSuffix(".part")
+                guard let ino = UInt64(isPartial ? String(name.dropLast(5)) : name) else { continue }
+                let node = ns.nodes[ino]
+                let owned = isPartial ? node?.isPlaceholder == true : (node?.kind == .file && node?.hasContent == true)
+                if !owned { unlink(dir + "/" + name) }
             }
         }
     }

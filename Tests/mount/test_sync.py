@@ -10,6 +10,7 @@ only (the `store_link` fixture).
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import json
 import os
@@ -36,6 +37,37 @@ SYNC_TIMEOUT = 10
 # --------------------------------------------------------------------------
 # Helpers
 # --------------------------------------------------------------------------
+
+
+class _StatxTimestamp(ctypes.Structure):
+    _fields_ = [("tv_sec", ctypes.c_int64), ("tv_nsec", ctypes.c_uint32), ("reserved", ctypes.c_int32)]
+
+
+class _Statx(ctypes.Structure):
+    _fields_ = [
+        ("stx_mask", ctypes.c_uint32), ("stx_blksize", ctypes.c_uint32), ("stx_attributes", ctypes.c_uint64),
+        ("stx_nlink", ctypes.c_uint32), ("stx_uid", ctypes.c_uint32), ("stx_gid", ctypes.c_uint32),
+        ("stx_mode", ctypes.c_uint16), ("spare0", ctypes.c_uint16), ("stx_ino", ctypes.c_uint64),
+        ("stx_size", ctypes.c_uint64), ("stx_blocks", ctypes.c_uint64), ("stx_attributes_mask", ctypes.c_uint64),
+        ("stx_atime", _StatxTimestamp), ("stx_btime", _StatxTimestamp), ("stx_ctime", _StatxTimestamp),
+        ("stx_mtime", _StatxTimestamp), ("spare", ctypes.c_uint64 * 24),
+    ]
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def fresh_blocks(path) -> int:
+    """st_blocks straight from the daemon: statx(AT_STATX_FORCE_SYNC) makes
+    FUSE ask it instead of answering from the kernel's attribute cache."""
+    AT_FDCWD, AT_SYMLINK_NOFOLLOW, AT_STATX_FORCE_SYNC, STATX_BASIC_STATS = -100, 0x100, 0x2000, 0x7FF
+    buf = _Statx()
+    rc = _libc.statx(AT_FDCWD, os.fsencode(str(path)), AT_SYMLINK_NOFOLLOW | AT_STATX_FORCE_SYNC,
+                     STATX_BASIC_STATS, ctypes.byref(buf))
+    if rc != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, os.strerror(e), str(path))
+    return buf.stx_blocks
 
 
 def eventually(check, timeout: float = SYNC_TIMEOUT, interval: float = 0.1, what: str = ""):
@@ -490,11 +522,13 @@ def test_offline_device_works_and_converges(make_device, store_link):
     b = new_device(make_device, "b", store=store_link.path)
     A, B = a.mountpoint, b.mountpoint
     rng = random.Random(5)
+    # rel -> last content written there (by either device; an overwrite on
+    # purpose, after the device saw the previous content, replaces it).
     written: dict[str, bytes] = {}
 
     def put(root, rel, data):
         write(root / rel, data)
-        written[f"{root}:{rel}"] = data
+        written[rel] = data
 
     put(A, "keep.txt", b"keep\n")
     put(A, "placeholder.bin", rng.randbytes(MiB))
@@ -818,7 +852,12 @@ def test_pinned_folder_downloads_everything_and_newcomers(make_device):
         assert read(B / rel) == data, f"{rel}: content on B differs"
 
 
-def test_cache_limit_evicts_least_recently_used(make_device):
+@pytest.mark.parametrize("how", ["read", "download-command"])
+def test_cache_limit_evicts_least_recently_used(make_device, how):
+    """--cache-size 20M, five 10 MiB files downloaded one after the other
+    (by reading them, or with `ubiquityfs download`): after each download,
+    at most 20 MiB + one file is cached, and exactly the two most recently
+    downloaded files are (LRU).  Cached = st_blocks from the daemon."""
     a = new_device(make_device, "a")
     b = new_device(make_device, "b", args=["--cache-size", "20M"])
     A, B = a.mountpoint, b.mountpoint
@@ -832,21 +871,75 @@ def test_cache_limit_evicts_least_recently_used(make_device):
     s = status_json(b)
     assert s.get("cacheLimitBytes") == limit, f"status: {s}"
     history = []
-    for n in names:
-        res = b.cli("download", B / n, timeout=60)
-        assert res.returncode == 0, f"download failed:\n{res}"
+
+    def cached_set():
+        return [n for n in names if fresh_blocks(B / n) > 0]
+
+    for i, n in enumerate(names):
+        if how == "read":
+            assert read(B / n) == datas[n], f"{n}: content on B differs"
+        else:
+            res = b.cli("download", B / n, timeout=60)
+            assert res.returncode == 0, f"download failed:\n{res}"
         s = status_json(b)
-        history.append((n, s["cachedBytes"]))
-        assert s["cachedBytes"] <= limit + 10 * MiB, f"after downloading {n}: cachedBytes {s['cachedBytes']} (history {history})"
-    time.sleep(2)  # a poll round or two
-    s = status_json(b)
-    blocks = {n: os.stat(B / n).st_blocks for n in names}
-    print(f"cachedBytes after each download: {history}; at the end {s['cachedBytes']}; st_blocks {blocks}")
-    assert s["cachedBytes"] <= limit + 10 * MiB, f"cachedBytes {s['cachedBytes']} at the end"
-    assert blocks["f5.bin"] > 0, f"the most recently downloaded file was evicted: {blocks}"
-    assert blocks["f1.bin"] == 0, f"the least recently used file is still cached: {blocks}"
+        history.append((n, s["cachedBytes"] // MiB, cached_set()))
+        assert s["cachedBytes"] <= limit + 10 * MiB, f"after downloading {n}: cachedBytes too high; history {history}"
+        expected = names[max(0, i - 1) : i + 1]
+
+        def lru():
+            got = cached_set()
+            assert got == expected, f"after downloading {n}: cached {got}, expected {expected} (LRU); history (file, cachedBytes MiB, cached) {history}"
+
+        eventually(lru, 3, 0.2, f"LRU after downloading {n}")
+    print(f"history (file, cachedBytes MiB, cached): {history}")
     for n in names:
         assert read(B / n) == datas[n], f"{n}: content on B differs"
+
+
+def test_download_command(make_device, store_link):
+    """`ubiquityfs download`: a file, a folder (needs --recursive), and a
+    failure (store unreachable: exit 1 with a message).  st_blocks as seen
+    by `stat` right after the command returns."""
+    a = new_device(make_device, "a")
+    b = new_device(make_device, "b", store=store_link.path)
+    A, B = a.mountpoint, b.mountpoint
+    os.makedirs(A / "dir/sub")
+    files = {"one.bin": os.urandom(MiB), "dir/two.bin": os.urandom(6 * MiB), "dir/sub/three.txt": b"three\n",
+             "late.bin": os.urandom(1000)}
+    for rel, data in files.items():
+        write(A / rel, data)
+    wait_pushed(a)
+    eventually(lambda: [os.stat(B / rel) for rel in files], what="files listed on B")
+    for rel in files:
+        assert os.stat(B / rel).st_blocks == 0
+
+    res = b.cli("download", B / "one.bin", timeout=60)
+    assert res.returncode == 0, f"download failed:\n{res}"
+    assert fresh_blocks(B / "one.bin") > 0, "download returned but the daemon says one.bin has no blocks"
+    assert status_json(b)["cachedBytes"] >= MiB
+    stale = os.stat(B / "one.bin").st_blocks
+    res = b.cli("download", B / "dir", timeout=60)
+    assert res.returncode == 1, f"download of a folder without --recursive:\n{res}"
+    assert "--recursive" in res.stderr, f"message:\n{res}"
+    res = b.cli("download", "--recursive", B / "dir", timeout=60)
+    assert res.returncode == 0, f"download --recursive failed:\n{res}"
+    for rel in ("dir/two.bin", "dir/sub/three.txt"):
+        assert fresh_blocks(B / rel) > 0, f"{rel}: not downloaded by download --recursive"
+    assert fresh_blocks(B / "late.bin") == 0, "late.bin was downloaded too"
+
+    store_link.cut()
+    res = b.cli("download", B / "late.bin", timeout=30)
+    assert res.returncode == 1, f"download with the store unreachable:\n{res}"
+    assert res.stderr.strip(), f"no message:\n{res}"
+    assert res.seconds < 10, f"failing download took {res.seconds:.1f}s"
+    store_link.restore()
+    for rel, data in files.items():
+        assert read(B / rel) == data, f"{rel}: content on B differs"
+    # Last, so that it does not hide the other results: the kernel's view.
+    assert stale > 0, (
+        "right after `ubiquityfs download one.bin` returned, stat() on B showed st_blocks 0 "
+        f"(the daemon says {fresh_blocks(B / 'one.bin')}): the kernel's cached attributes were not invalidated"
+    )
 
 
 # --------------------------------------------------------------------------
