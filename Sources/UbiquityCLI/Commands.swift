@@ -12,7 +12,8 @@ public struct UbiquityCommand: ParsableCommand {
     public static let configuration = CommandConfiguration(
         commandName: "ubiquityfs",
         abstract: "Mount synced containers (iCloud Documents for Linux).",
-        subcommands: [Mount.self, Unmount.self, Status.self, Download.self, Evict.self, Pin.self, Unpin.self])
+        subcommands: [Mount.self, Unmount.self, Status.self, Download.self, Evict.self, Pin.self, Unpin.self,
+                      Versions.self, Resolve.self])
 
     public init() {}
 }

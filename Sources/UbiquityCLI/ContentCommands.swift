@@ -27,7 +27,7 @@ enum MountLocator {
     /// Send a request about `paths` to the daemon(s) serving them, printing
     /// progress; fails with the daemon's message.
     static func run(_ command: String, paths: [String], extra: [String: Any] = [:],
-                    progress: (([String: Any]) -> Void)? = nil) throws {
+                    progress: (([String: Any]) -> Void)? = nil, onLine: (([String: Any]) -> Void)? = nil) throws {
         var byMount: [String: [[String]]] = [:]
         for path in paths {
             let (mountpoint, components) = try locate(path)
@@ -41,6 +41,7 @@ enum MountLocator {
             var ok = false
             try ControlClient.call(socket: Locations().controlSocket(mountpoint: mountpoint).path, request) { line in
                 if let p = line["progress"] as? [String: Any] { progress?(p) }
+                onLine?(line)
                 if let e = line["error"] as? String { failure = e }
                 if line["ok"] != nil { ok = true }
             }
@@ -113,5 +114,38 @@ struct Unpin: ParsableCommand {
     @Argument(help: "Files or folders inside a mount.") var paths: [String]
     func run() throws {
         do { try MountLocator.run("unpin", paths: paths) } catch { fail(error) }
+    }
+}
+
+struct Versions: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "List the current version of an item and its unresolved conflict versions.")
+    @Argument(help: "A file inside a mount.") var path: String
+    func run() throws {
+        var rows: [[String: Any]] = []
+        do {
+            try MountLocator.run("versions", paths: [path], onLine: { line in
+                if let list = line["versions"] as? [[String: Any]] { rows = list }
+            })
+        } catch { fail(error) }
+        print("VERSION  DEVICE            MODIFIED              SIZE        PATH")
+        for row in rows {
+            let label = (row["label"] as? String ?? "").padding(toLength: 8, withPad: " ", startingAt: 0)
+            let device = (row["device"] as? String ?? "").padding(toLength: 17, withPad: " ", startingAt: 0)
+            let modified = (row["modified"] as? String ?? "").padding(toLength: 21, withPad: " ", startingAt: 0)
+            let size = formatBytes(UInt64(row["size"] as? Int ?? 0)).padding(toLength: 11, withPad: " ", startingAt: 0)
+            print("\(label) \(device) \(modified) \(size) \(row["path"] ?? "")")
+        }
+    }
+}
+
+struct Resolve: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Resolve the conflicts of an item.",
+        discussion: "--keep current deletes the conflicted copies; --keep N keeps conflict version N under the item's name; --keep both keeps every version as its own file.")
+    @Argument(help: "A file inside a mount.") var path: String
+    @Option(help: "current, both, or a version number from `ubiquityfs versions`.") var keep: String
+    func run() throws {
+        do { try MountLocator.run("resolve", paths: [path], extra: ["keep": keep]) } catch { fail(error) }
     }
 }

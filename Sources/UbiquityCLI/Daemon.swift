@@ -211,6 +211,31 @@ final class Daemon: @unchecked Sendable {
                 for ino in inos { try engine.setPinned(ino: ino, pin) }
                 connection.send(["done": ["items": inos.count]])
             }
+        case "versions":
+            contentCommand(paths, connection, replica) { inos in
+                for ino in inos {
+                    let list = try engine.versions(ino: ino).map { v -> [String: Any] in
+                        ["label": v.label, "path": v.path, "device": v.device, "size": v.size,
+                         "modified": ISO8601DateFormatter().string(from: Date(timeIntervalSince1970: Double(v.modified.sec)))]
+                    }
+                    connection.send(["versions": list])
+                }
+            }
+        case "resolve":
+            contentCommand(paths, connection, replica) { inos in
+                let keep = req["keep"] as? String ?? ""
+                let choice: ConflictChoice
+                switch keep {
+                case "current": choice = .current
+                case "both": choice = .both
+                default:
+                    guard let number = Int(keep) else {
+                        throw UbiquityError(EINVAL, "--keep takes current, both, or a version number from `ubiquityfs versions`")
+                    }
+                    choice = .version(number)
+                }
+                for ino in inos { try engine.resolve(ino: ino, keep: choice) }
+            }
         case "unmount":
             let clientAlive = Mutex(true)
             do {

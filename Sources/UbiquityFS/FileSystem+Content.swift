@@ -278,6 +278,7 @@ extension FileSystem {
         if writing && name.hasPrefix("user.ubiquity.") { throw UbiquityError(EPERM, "user.ubiquity.* is reserved for status") }
     }
 
+    static let statusAttributePrefix = "user.ubiquity."
     public static let xattrCreate: Int32 = 1   // XATTR_CREATE
     public static let xattrReplace: Int32 = 2  // XATTR_REPLACE
 
@@ -294,8 +295,14 @@ extension FileSystem {
         try commit()
     }
 
+    /// `user.ubiquity.*` are read-only status attributes computed on demand;
+    /// `listxattr` does not list them, so `cp -a` and `rsync -X` never copy them.
     public func getxattr(ino: UInt64, name: String) throws -> Data {
         guard name.hasPrefix("user.") else { throw UbiquityError(name.contains(".") ? ENODATA : EOPNOTSUPP) }
+        if name.hasPrefix(Self.statusAttributePrefix) {
+            guard let value = hooks.statusAttribute(ino: ino, name: name) else { throw UbiquityError(ENODATA) }
+            return value
+        }
         return try replica.withNamespace { ns in
             guard let node = ns.node(ino) else { throw UbiquityError(ENOENT) }
             guard let value = node.xattrs[name] else { throw UbiquityError(ENODATA) }

@@ -117,6 +117,8 @@ public protocol SyncHooks: Sendable {
     func waitForContent(ino: UInt64, upTo: UInt64) throws
     /// Download all of `ino` and wait for it, or throw `EIO`.
     func download(ino: UInt64) throws
+    /// The value of a read-only `user.ubiquity.*` status attribute, or nil.
+    func statusAttribute(ino: UInt64, name: String) -> Data?
 }
 
 public struct FileSystemOptions: Sendable {

@@ -41,7 +41,7 @@ final class Index: Sendable {
                   content_gen INTEGER NOT NULL, pushed_gen INTEGER NOT NULL,
                   version INTEGER NOT NULL, change INTEGER NOT NULL, pushed INTEGER NOT NULL,
                   unlinked INTEGER NOT NULL, last_parent INTEGER NOT NULL, last_name BLOB NOT NULL,
-                  conflicts TEXT, pinned INTEGER NOT NULL);
+                  conflicts TEXT, pinned INTEGER NOT NULL, author TEXT NOT NULL);
                 CREATE TABLE entry(parent INTEGER NOT NULL, name BLOB NOT NULL, child INTEGER NOT NULL,
                   PRIMARY KEY(parent, name)) WITHOUT ROWID;
                 CREATE TABLE pending_entry(parent INTEGER NOT NULL, name BLOB NOT NULL, change INTEGER NOT NULL,
@@ -56,7 +56,7 @@ final class Index: Sendable {
         guard !ops.isEmpty else { return }
         try db.write { db in
             let upsert = try db.cachedStatement(sql: """
-                INSERT OR REPLACE INTO node VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)
+                INSERT OR REPLACE INTO node VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)
                 """)
             for op in ops {
                 switch op {
@@ -69,7 +69,7 @@ final class Index: Sendable {
                         xattrs, n.hasContent, Int64(bitPattern: n.contentGeneration), Int64(bitPattern: n.pushedGeneration),
                         Int64(bitPattern: n.version), Int64(bitPattern: n.change), Int64(bitPattern: n.pushed), n.unlinked,
                         Int64(bitPattern: n.lastParent), Data(n.lastName.bytes),
-                        n.conflicts.isEmpty ? nil : n.conflicts.joined(separator: "\n"), n.pinned,
+                        n.conflicts.isEmpty ? nil : n.conflicts.joined(separator: "\n"), n.pinned, n.author,
                     ]
                     try upsert.execute(arguments: StatementArguments(args))
                 case .removeNode(let ino):
@@ -123,6 +123,7 @@ final class Index: Sendable {
                 n.pushed = UInt64(bitPattern: row["pushed"])
                 n.unlinked = row["unlinked"]
                 n.pinned = row["pinned"]
+                n.author = row["author"]
                 n.lastParent = UInt64(bitPattern: row["last_parent"])
                 n.lastName = FileName(bytes: Array(row["last_name"] as Data))
                 if let conflicts = row["conflicts"] as String? { n.conflicts = conflicts.split(separator: "\n").map(String.init) }

@@ -51,6 +51,8 @@ public struct LocalNode: Sendable {
     public var conflicts: [NodeID] = []
     /// Keep on this device (a pinned directory pins what arrives in it later).
     public var pinned = false
+    /// The device that made the current content (for `versions`).
+    public var author = ""
 
     // Runtime only (never persisted).
     public var lookups: UInt64 = 0

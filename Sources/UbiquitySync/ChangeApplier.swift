@@ -29,6 +29,8 @@ func trace(_ text: @autoclosure () -> String) { if traceApply { print("APPLY " +
 struct ChangeApplier {
     let seq: UInt64
     let deviceName: String
+    /// The device whose change set is being applied.
+    var author = ""
     let now: Date
     var changes = ReplicaChanges()
     /// Nodes left without a name that hold work not pushed from here, or deleted
@@ -42,6 +44,7 @@ struct ChangeApplier {
     }
 
     mutating func apply(_ changeSet: ChangeSet, to ns: inout Namespace) {
+        author = changeSet.deviceName
         trace("[\(deviceName)] seq \(seq) from \(changeSet.deviceName): \(changeSet.changes.map(Self.describe))")
         let deleted = Set(changeSet.changes.compactMap { change -> NodeID? in
             if case .deleteNode(let id, _) = change { return id }
@@ -93,6 +96,7 @@ struct ChangeApplier {
             if contentDiffers {
                 refresh = n.hasContent || n.pinned
                 Self.takeContent(state, into: &n)
+                n.author = author
             }
         }
         if local.unlinked && contentDiffers { resurrections.append(ino) }
@@ -116,6 +120,7 @@ struct ChangeApplier {
             n.ctime = state.ctime; n.btime = state.btime; n.atime = state.mtime
             n.xattrs = state.xattrs
             n.conflicts = state.conflicts ?? []
+            n.author = author
             Self.takeContent(state, into: &n)
             if state.kind != .file {
                 n.hasContent = true

@@ -374,6 +374,7 @@ public final class SyncEngine: Sendable {
                         n.hash = snapshot.hash
                         n.hashSize = snapshot.size
                         n.chunked = snapshot.chunked
+                        n.author = device.name
                         n.pushedGeneration = snapshot.generation
                     }
                     if n.unlinked { n.pushedGeneration = n.contentGeneration }

@@ -1,0 +1,64 @@
+import Foundation
+import UbiquityReplica
+import UbiquityStore
+
+/// The per-item sync state (`NSMetadataUbiquitousItem…` keys), for the
+/// status extended attributes, `status` and queries.
+public struct ItemStatus: Sendable, Codable {
+    /// `notDownloaded` (a placeholder), `downloaded` (local, a newer version
+    /// is being fetched) or `current`.
+    public var downloadingStatus: String
+    public var isDownloading: Bool
+    public var percentDownloaded: Int
+    public var isUploaded: Bool
+    public var isUploading: Bool
+    public var hasUnresolvedConflicts: Bool
+    public var conflicts: Int
+    public var downloadingError: String?
+    public var uploadingError: String?
+    public var pinned: Bool
+}
+
+extension SyncEngine {
+    public func itemStatus(ino: UInt64) -> ItemStatus? {
+        let download = downloads.withJobs { jobs in jobs[ino] }
+        let sync = currentStatus
+        return replica.withNamespace { ns -> ItemStatus? in
+            guard let node = ns.node(ino) else { return nil }
+            let local = node.kind != .file || node.hasContent
+            let downloading = download.map { !$0.done && $0.error == nil } ?? false
+            var percent = local ? 100 : 0
+            if let download, download.total > 0, !local {
+                percent = Int(min(100, download.verified * 100 / download.total))
+            }
+            let unpushed = node.hasUnpushedMetadata || node.hasUnpushedContent
+            return ItemStatus(
+                downloadingStatus: local ? (downloading ? "downloaded" : "current") : "notDownloaded",
+                isDownloading: downloading,
+                percentDownloaded: percent,
+                isUploaded: !unpushed,
+                isUploading: unpushed && node.openWriters == 0 && sync.storeReachable,
+                hasUnresolvedConflicts: !node.conflicts.isEmpty,
+                conflicts: node.conflicts.count,
+                downloadingError: download?.error?.message,
+                uploadingError: unpushed && !sync.storeReachable ? sync.lastError : nil,
+                pinned: ns.isPinned(ino))
+        }
+    }
+
+    /// The read-only `user.ubiquity.*` attributes: `status` (the item's
+    /// status as JSON), `percent` (downloaded, 0–100), `conflicts` (number of
+    /// unresolved conflict versions).
+    public func statusAttribute(ino: UInt64, name: String) -> Data? {
+        guard let status = itemStatus(ino: ino) else { return nil }
+        switch name {
+        case "user.ubiquity.status":
+            let encoder = JSONEncoder()
+            encoder.outputFormatting = [.sortedKeys]
+            return try? encoder.encode(status)
+        case "user.ubiquity.percent": return Data(String(status.percentDownloaded).utf8)
+        case "user.ubiquity.conflicts": return Data(String(status.conflicts).utf8)
+        default: return nil
+        }
+    }
+}
