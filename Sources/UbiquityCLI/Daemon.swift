@@ -99,8 +99,10 @@ final class Daemon: @unchecked Sendable {
         let store = try openStore()
         let replicaDir = locations.replica(storeID: store.storeID, container: request.container)
         if offlineReason == nil, try store.containerConfig(request.container) == nil {
-            try store.createContainer(ContainerConfig(id: request.container,
-                                                      displayName: request.container == Self.defaultContainer ? "Documents" : request.container))
+            do {
+                try store.createContainer(ContainerConfig(id: request.container,
+                                                          displayName: request.container == Self.defaultContainer ? "Documents" : request.container))
+            } catch let error as UbiquityError where error.errno == EEXIST {}   // another device created it just now
         } else if let offlineReason, !FileManager.default.fileExists(atPath: replicaDir.appendingPathComponent("index.sqlite").path) {
             throw UbiquityError(EHOSTDOWN, "\(offlineReason); this device has no replica of \(request.container) to work offline with")
         }

@@ -128,15 +128,37 @@ public final class FolderStore: Store {
         }
     }
 
+    /// Create a container; `EEXIST` if it exists (two devices creating one race safely).
     public func createContainer(_ config: ContainerConfig) throws {
-        try ContainerConfig.validate(id: config.id)
+        try config.validate()
         try checkReachable()
         let dir = containerDir(config.id)
         try FileManager.default.createDirectory(at: dir.appendingPathComponent("journal"), withIntermediateDirectories: true)
+        do {
+            try Self.publish(try Self.encode(config), at: dir.appendingPathComponent("container.json"),
+                             tmpDir: root.appendingPathComponent("tmp"), exclusive: true)
+        } catch let error as UbiquityError where error.errno == EEXIST {
+            throw UbiquityError(EEXIST, "container \(config.id) already exists")
+        }
+    }
+
+    public func updateContainer(_ config: ContainerConfig) throws {
+        try config.validate()
+        guard try containerConfig(config.id) != nil else { throw UbiquityError(ENOENT, "no container \(config.id)") }
+        try Self.publish(try Self.encode(config), at: containerDir(config.id).appendingPathComponent("container.json"),
+                         tmpDir: root.appendingPathComponent("tmp"), exclusive: false)
+    }
+
+    public func containers() throws -> [ContainerConfig] {
+        try checkReachable()
+        let names = (try? FileManager.default.contentsOfDirectory(atPath: root.appendingPathComponent("containers").path)) ?? []
+        return try names.sorted().compactMap { try containerConfig($0) }
+    }
+
+    static func encode(_ config: ContainerConfig) throws -> Data {
         let encoder = JSONEncoder()
         encoder.outputFormatting = [.prettyPrinted, .sortedKeys]
-        try Self.publish(try encoder.encode(config), at: dir.appendingPathComponent("container.json"),
-                         tmpDir: root.appendingPathComponent("tmp"), exclusive: false)
+        return try encoder.encode(config)
     }
 
     public func commit(container: String, seq: UInt64, changeSet: ChangeSet) throws -> Bool {

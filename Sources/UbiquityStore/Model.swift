@@ -178,6 +178,15 @@ public struct ContainerConfig: Codable, Hashable, Sendable {
         self.supportedFolderLevels = supportedFolderLevels
     }
 
+    /// A valid ID, and a display name that can be a folder name (1–255 bytes, no `/`).
+    public func validate() throws {
+        try Self.validate(id: id)
+        guard !displayName.isEmpty, displayName.utf8.count <= 255, !displayName.contains("/"),
+              displayName != ".", displayName != ".." else {
+            throw UbiquityError(EINVAL, "invalid display name '\(displayName)': 1 to 255 bytes, no '/'")
+        }
+    }
+
     /// Container IDs are reverse-DNS style: letters, digits, `-`, `_`, separated by dots.
     public static func validate(id: String) throws {
         let allowed = CharacterSet(charactersIn: "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.")

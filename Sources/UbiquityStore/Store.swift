@@ -16,6 +16,8 @@ public protocol Store: Sendable {
 
     func containerConfig(_ container: String) throws -> ContainerConfig?
     func createContainer(_ config: ContainerConfig) throws
+    func updateContainer(_ config: ContainerConfig) throws
+    func containers() throws -> [ContainerConfig]
 
     /// Append `changeSet` as journal record `seq`. Returns `false` (and
     /// writes nothing) when `seq` already exists: another device won.

@@ -23,9 +23,22 @@ public final class InMemoryStore: Store {
     }
 
     public func createContainer(_ config: ContainerConfig) throws {
-        try ContainerConfig.validate(id: config.id)
-        state.withLock { $0.configs[config.id] = config }
+        try config.validate()
+        try state.withLock { s in
+            guard s.configs[config.id] == nil else { throw UbiquityError(EEXIST, "container \(config.id) already exists") }
+            s.configs[config.id] = config
+        }
     }
+
+    public func updateContainer(_ config: ContainerConfig) throws {
+        try config.validate()
+        try state.withLock { s in
+            guard s.configs[config.id] != nil else { throw UbiquityError(ENOENT, "no container \(config.id)") }
+            s.configs[config.id] = config
+        }
+    }
+
+    public func containers() throws -> [ContainerConfig] { state.withLock { Array($0.configs.values) }.sorted { $0.id < $1.id } }
 
     public func commit(container: String, seq: UInt64, changeSet: ChangeSet) throws -> Bool {
         let data = try JSONEncoder().encode(changeSet)
@@ -92,6 +105,8 @@ public final class FaultyStore: Store {
 
     public func containerConfig(_ container: String) throws -> ContainerConfig? { try base.containerConfig(container) }
     public func createContainer(_ config: ContainerConfig) throws { try base.createContainer(config) }
+    public func updateContainer(_ config: ContainerConfig) throws { try base.updateContainer(config) }
+    public func containers() throws -> [ContainerConfig] { try base.containers() }
     public func commit(container: String, seq: UInt64, changeSet: ChangeSet) throws -> Bool {
         try check(.commit)
         return try base.commit(container: container, seq: seq, changeSet: changeSet)

@@ -1,0 +1,103 @@
+import ArgumentParser
+import Foundation
+import UbiquityReplica
+import UbiquityStore
+
+/// `ubiquityfs container create|list|show|set`: container configuration,
+/// kept in the store so every device agrees (iCloud's
+/// `NSUbiquitousContainerName`, `…IsDocumentScopePublic`, `…SupportedFolderLevels`).
+struct Container: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Create, list, show and change containers of a store.",
+        subcommands: [ContainerCreate.self, ContainerList.self, ContainerShow.self, ContainerSet.self])
+}
+
+struct StoreOption: ParsableArguments {
+    @Option(help: "Path of a folder store (default: $XDG_DATA_HOME/ubiquityfs/store).") var store: String?
+
+    func open() throws -> FolderStore {
+        if let store {
+            return try FolderStore(root: URL(fileURLWithPath: absolutePath(store)), create: false, initializeEmpty: true)
+        }
+        return try FolderStore(root: Locations().defaultStore, create: true, initializeEmpty: true)
+    }
+}
+
+extension ContainerConfig.FolderLevels: ExpressibleByArgument {}
+
+func printContainer(_ c: ContainerConfig) {
+    print("\(c.id)")
+    print("  name:           \(c.displayName)")
+    print("  documents:      \(c.documentScopePublic ? "public (shown in the drive view)" : "private")")
+    print("  folder levels:  \(c.supportedFolderLevels.rawValue)")
+}
+
+struct ContainerCreate: ParsableCommand {
+    static let configuration = CommandConfiguration(commandName: "create", abstract: "Create a container.")
+    @Argument(help: "Container ID, reverse-DNS style (com.example.notes).") var id: String
+    @Option(help: "Display name (the folder name in the drive view).") var name: String?
+    @Flag(help: "Make the Documents scope public (shown in the drive view).") var `public` = false
+    @Option(help: "Folder levels allowed in Documents: none, one or any.") var folderLevels: ContainerConfig.FolderLevels = .any
+    @OptionGroup var storeOption: StoreOption
+
+    func run() throws {
+        do {
+            let config = ContainerConfig(id: id, displayName: name ?? id, documentScopePublic: `public`,
+                                         supportedFolderLevels: folderLevels)
+            try storeOption.open().createContainer(config)
+            printContainer(config)
+        } catch { fail(error) }
+    }
+}
+
+struct ContainerList: ParsableCommand {
+    static let configuration = CommandConfiguration(commandName: "list", abstract: "List the containers of a store.")
+    @OptionGroup var storeOption: StoreOption
+    @Flag(help: "Print JSON (one object per line).") var json = false
+
+    func run() throws {
+        do {
+            for c in try storeOption.open().containers() {
+                if json {
+                    print(String(decoding: try JSONEncoder().encode(c), as: UTF8.self))
+                } else {
+                    print("\(c.id)\t\(c.displayName)\t\(c.documentScopePublic ? "public" : "private")\t\(c.supportedFolderLevels.rawValue)")
+                }
+            }
+        } catch { fail(error) }
+    }
+}
+
+struct ContainerShow: ParsableCommand {
+    static let configuration = CommandConfiguration(commandName: "show", abstract: "Show a container's configuration.")
+    @Argument(help: "Container ID.") var id: String
+    @OptionGroup var storeOption: StoreOption
+
+    func run() throws {
+        do {
+            guard let c = try storeOption.open().containerConfig(id) else { throw UbiquityError(ENOENT, "no container \(id)") }
+            printContainer(c)
+        } catch { fail(error) }
+    }
+}
+
+struct ContainerSet: ParsableCommand {
+    static let configuration = CommandConfiguration(commandName: "set", abstract: "Change a container's configuration.")
+    @Argument(help: "Container ID.") var id: String
+    @Option(help: "Display name.") var name: String?
+    @Option(help: "Documents scope public: true or false.") var `public`: Bool?
+    @Option(help: "Folder levels allowed in Documents: none, one or any.") var folderLevels: ContainerConfig.FolderLevels?
+    @OptionGroup var storeOption: StoreOption
+
+    func run() throws {
+        do {
+            let store = try storeOption.open()
+            guard var c = try store.containerConfig(id) else { throw UbiquityError(ENOENT, "no container \(id)") }
+            if let name { c.displayName = name }
+            if let p = `public` { c.documentScopePublic = p }
+            if let folderLevels { c.supportedFolderLevels = folderLevels }
+            try store.updateContainer(c)
+            printContainer(c)
+        } catch { fail(error) }
+    }
+}
