@@ -37,18 +37,26 @@ let package = Package(
             dependencies: ["UbiquityReplica", "UbiquitySync", .product(name: "Logging", package: "swift-log")],
             swiftSettings: swiftSettings),
         .target(
+            name: "UbiquityControl",
+            dependencies: ["UbiquityStore"],
+            swiftSettings: swiftSettings),
+        .target(
             name: "UbiquityFUSE",
             dependencies: ["CFuse3", "UbiquityFS", .product(name: "Logging", package: "swift-log")],
             swiftSettings: swiftSettings),
         .target(
             name: "UbiquityCLI",
             dependencies: [
-                "UbiquityFUSE", "UbiquityFS", "UbiquitySync", "UbiquityReplica", "UbiquityStore",
+                "UbiquityFUSE", "UbiquityFS", "UbiquitySync", "UbiquityReplica", "UbiquityStore", "UbiquityControl",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
             ],
             swiftSettings: swiftSettings),
         .executableTarget(name: "ubiquityfs", dependencies: ["UbiquityCLI"], swiftSettings: swiftSettings),
+        .testTarget(
+            name: "UbiquityControlTests",
+            dependencies: ["UbiquityControl"],
+            swiftSettings: swiftSettings),
         .testTarget(
             name: "UbiquityCoreTests",
             dependencies: ["UbiquityFS", "UbiquitySync", "UbiquityReplica", "UbiquityStore"],

@@ -1,0 +1,1 @@
+// The metadata query language (written next).
