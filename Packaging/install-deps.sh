@@ -6,7 +6,7 @@ packages=(
   # build and run
   libfuse3-dev fuse3 libsqlite3-dev pkg-config
   # tests: real tools on the mount, and the peer for benchmarks
-  vim git sqlite3 rsync tar attr bindfs fio python3
+  vim git sqlite3 rsync tar attr bindfs fio shared-mime-info python3
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -19,30 +19,74 @@ public struct ItemStatus: Sendable, Codable {
     public var pinned: Bool
 }
 
+/// One item as a metadata query sees it.
+public struct ItemRecord: Sendable {
+    public var ino: UInt64
+    /// Path from the container's root, starting with "/".
+    public var path: String
+    public var name: String
+    public var isDirectory: Bool
+    public var size: UInt64
+    public var created: Timespec
+    public var modified: Timespec
+    public var status: ItemStatus
+}
+
+extension ItemStatus {
+    static func make(_ node: LocalNode, pinned: Bool, download: DownloadBoard.Job?, sync: SyncStatus) -> ItemStatus {
+        let local = node.kind != .file || node.hasContent
+        let downloading = download.map { !$0.done && $0.error == nil } ?? false
+        var percent = local ? 100 : 0
+        if let download, download.total > 0, !local {
+            percent = Int(min(100, download.verified * 100 / download.total))
+        }
+        let unpushed = node.hasUnpushedMetadata || node.hasUnpushedContent
+        return ItemStatus(
+            downloadingStatus: local ? (downloading ? "downloaded" : "current") : "notDownloaded",
+            isDownloading: downloading,
+            percentDownloaded: percent,
+            isUploaded: !unpushed,
+            isUploading: unpushed && node.openWriters == 0 && sync.storeReachable,
+            hasUnresolvedConflicts: !node.conflicts.isEmpty,
+            conflicts: node.conflicts.count,
+            downloadingError: download?.error?.message,
+            uploadingError: unpushed && !sync.storeReachable ? sync.lastError : nil,
+            pinned: pinned)
+    }
+}
+
 extension SyncEngine {
     public func itemStatus(ino: UInt64) -> ItemStatus? {
         let download = downloads.withJobs { jobs in jobs[ino] }
         let sync = currentStatus
         return replica.withNamespace { ns -> ItemStatus? in
             guard let node = ns.node(ino) else { return nil }
-            let local = node.kind != .file || node.hasContent
-            let downloading = download.map { !$0.done && $0.error == nil } ?? false
-            var percent = local ? 100 : 0
-            if let download, download.total > 0, !local {
-                percent = Int(min(100, download.verified * 100 / download.total))
+            return ItemStatus.make(node, pinned: ns.isPinned(ino), download: download, sync: sync)
+        }
+    }
+
+    /// Every item of the container (below `root`), with its status — one
+    /// pass under the namespace lock.
+    public func items(under root: UInt64 = Namespace.rootIno) -> [ItemRecord] {
+        let jobs = downloads.withJobs { $0 }
+        let sync = currentStatus
+        return replica.withNamespace { ns in
+            var out: [ItemRecord] = []
+            out.reserveCapacity(ns.nodes.count)
+            var stack: [(UInt64, String, Bool)] = [(root, "", ns.node(root)?.pinned ?? false)]
+            while let (dir, prefix, pinnedAbove) = stack.popLast() {
+                for (name, entry) in ns.entries(of: dir) {
+                    guard let node = ns.node(entry.ino) else { continue }
+                    let path = prefix + "/" + name.description
+                    let pinned = pinnedAbove || node.pinned
+                    out.append(ItemRecord(ino: entry.ino, path: path, name: name.description,
+                                          isDirectory: node.kind == .directory, size: node.size,
+                                          created: node.btime, modified: node.mtime,
+                                          status: ItemStatus.make(node, pinned: pinned, download: jobs[entry.ino], sync: sync)))
+                    if node.kind == .directory { stack.append((entry.ino, path, pinned)) }
+                }
             }
-            let unpushed = node.hasUnpushedMetadata || node.hasUnpushedContent
-            return ItemStatus(
-                downloadingStatus: local ? (downloading ? "downloaded" : "current") : "notDownloaded",
-                isDownloading: downloading,
-                percentDownloaded: percent,
-                isUploaded: !unpushed,
-                isUploading: unpushed && node.openWriters == 0 && sync.storeReachable,
-                hasUnresolvedConflicts: !node.conflicts.isEmpty,
-                conflicts: node.conflicts.count,
-                downloadingError: download?.error?.message,
-                uploadingError: unpushed && !sync.storeReachable ? sync.lastError : nil,
-                pinned: ns.isPinned(ino))
+            return out
         }
     }
 
