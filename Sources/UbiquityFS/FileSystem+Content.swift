@@ -44,6 +44,14 @@ extension FileSystem {
         case .file: break
         default: throw UbiquityError(ENXIO)   // the kernel opens special files itself
         }
+        if flags & O_TRUNC != 0 && flags & O_ACCMODE == O_RDONLY {
+            // Linux truncates on O_RDONLY|O_TRUNC too (the kernel checked write permission).
+            try truncate(ino: ino, size: 0, handle: nil)
+            try commit()
+            var opened = try openFile(node: node, flags: flags & ~O_TRUNC)
+            opened.keepCache = false
+            return opened
+        }
         guard node.isPlaceholder else { return try openFile(node: node, flags: flags) }
         var opened: OpenReply
         if flags & O_ACCMODE == O_RDONLY {
