@@ -13,7 +13,7 @@ public struct UbiquityCommand: ParsableCommand {
         commandName: "ubiquityfs",
         abstract: "Mount synced containers (iCloud Documents for Linux).",
         subcommands: [Mount.self, Unmount.self, Status.self, Download.self, Evict.self, Pin.self, Unpin.self,
-                      Versions.self, Resolve.self, Container.self])
+                      Versions.self, Resolve.self, Container.self, QueryCommand.self])
 
     public init() {}
 }

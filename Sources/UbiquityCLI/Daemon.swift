@@ -213,6 +213,8 @@ final class Daemon: @unchecked Sendable {
                 for ino in inos { try engine.setPinned(ino: ino, pin) }
                 connection.send(["done": ["items": inos.count]])
             }
+        case "query":
+            QueryService.serve(req, connection: connection, engine: engine)
         case "versions":
             contentCommand(paths, connection, replica) { inos in
                 for ino in inos {
@@ -329,6 +331,7 @@ final class Daemon: @unchecked Sendable {
         let s = engine.currentStatus
         var out: [String: Any] = [
             "pid": Int(getpid()), "mountpoint": mountpoint, "container": request.container,
+            "store": engine.storePath, "dataHome": locations.dataHome.path, "items": engine.items().count,
             "pendingItems": pending.items, "pendingBytes": pending.bytes,
             "downloadingItems": downloads.items, "downloadingBytes": downloads.bytes,
             "cachedBytes": engine.cacheUsage(), "storeReachable": s.storeReachable,

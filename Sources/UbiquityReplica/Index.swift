@@ -12,16 +12,19 @@ import UbiquityStore
 final class Index: Sendable {
     let db: DatabaseQueue
 
-    init(path: String) throws {
+    init(path: String, readOnly: Bool = false) throws {
         var config = Configuration()
         config.label = "ubiquityfs.index"
-        config.prepareDatabase { db in
-            try db.execute(sql: "PRAGMA journal_mode=WAL")
-            try db.execute(sql: "PRAGMA synchronous=NORMAL")
+        config.readonly = readOnly
+        if !readOnly {
+            config.prepareDatabase { db in
+                try db.execute(sql: "PRAGMA journal_mode=WAL")
+                try db.execute(sql: "PRAGMA synchronous=NORMAL")
+            }
         }
         do {
             db = try DatabaseQueue(path: path, configuration: config)
-            try migrator.migrate(db)
+            if !readOnly { try migrator.migrate(db) }
         } catch {
             throw UbiquityError(EIO, "cannot open the replica index \(path): \(error)")
         }

@@ -68,6 +68,16 @@ public final class Replica: Sendable {
         close(lockFD)
     }
 
+    /// The namespace of the replica in `directory`, read without taking its
+    /// lock and without writing anything (for queries while no daemon runs).
+    public static func readNamespace(directory: URL) throws -> Namespace {
+        let path = directory.appendingPathComponent("index.sqlite").path
+        guard FileManager.default.fileExists(atPath: path) else {
+            throw UbiquityError(ENOENT, "this device has no replica at \(directory.path)")
+        }
+        return try Index(path: path, readOnly: true).load()
+    }
+
     /// Bring a freshly loaded namespace to a consistent state after a crash.
     static func recover(_ ns: inout Namespace, cacheDirectory: URL, rootOwner: (uid: UInt32, gid: UInt32)) {
         if ns.nodes[Namespace.rootIno] == nil {

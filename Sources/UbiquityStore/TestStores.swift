@@ -86,7 +86,8 @@ public final class InMemoryStore: Store {
 }
 
 /// Wraps a store and fails chosen operations, for fault-injection tests.
-public final class FaultyStore: Store {
+public final class FaultyStore: Store, CustomStringConvertible {
+    public var description: String { (base as? FolderStore)?.root.path ?? base.storeID }
     public enum Operation: Sendable, Hashable { case commit, journal, putBlob, fetchBlob }
 
     let base: any Store

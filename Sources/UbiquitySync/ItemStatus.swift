@@ -70,24 +70,41 @@ extension SyncEngine {
     public func items(under root: UInt64 = Namespace.rootIno) -> [ItemRecord] {
         let jobs = downloads.withJobs { $0 }
         let sync = currentStatus
-        return replica.withNamespace { ns in
-            var out: [ItemRecord] = []
-            out.reserveCapacity(ns.nodes.count)
-            var stack: [(UInt64, String, Bool)] = [(root, "", ns.node(root)?.pinned ?? false)]
-            while let (dir, prefix, pinnedAbove) = stack.popLast() {
-                for (name, entry) in ns.entries(of: dir) {
-                    guard let node = ns.node(entry.ino) else { continue }
-                    let path = prefix + "/" + name.description
-                    let pinned = pinnedAbove || node.pinned
-                    out.append(ItemRecord(ino: entry.ino, path: path, name: name.description,
-                                          isDirectory: node.kind == .directory, size: node.size,
-                                          created: node.btime, modified: node.mtime,
-                                          status: ItemStatus.make(node, pinned: pinned, download: jobs[entry.ino], sync: sync)))
-                    if node.kind == .directory { stack.append((entry.ino, path, pinned)) }
-                }
+        return replica.withNamespace { ns in Self.collectItems(in: ns, under: root, sync: sync, jobs: jobs) }
+    }
+
+    /// Items of a namespace (also for a replica read without a daemon).
+    public static func collectItems(in ns: Namespace, under root: UInt64 = Namespace.rootIno,
+                                    sync: SyncStatus = SyncStatus()) -> [ItemRecord] {
+        collectItems(in: ns, under: root, sync: sync, jobs: [:])
+    }
+
+    static func collectItems(in ns: Namespace, under root: UInt64, sync: SyncStatus,
+                             jobs: [UInt64: DownloadBoard.Job]) -> [ItemRecord] {
+        var out: [ItemRecord] = []
+        out.reserveCapacity(ns.nodes.count)
+        var stack: [(UInt64, String, Bool)] = [(root, "", ns.node(root)?.pinned ?? false)]
+        while let (dir, prefix, pinnedAbove) = stack.popLast() {
+            for (name, entry) in ns.entries(of: dir) {
+                guard let node = ns.node(entry.ino) else { continue }
+                let path = prefix + "/" + name.description
+                let pinned = pinnedAbove || node.pinned
+                out.append(ItemRecord(ino: entry.ino, path: path, name: name.description,
+                                      isDirectory: node.kind == .directory, size: node.size,
+                                      created: node.btime, modified: node.mtime,
+                                      status: ItemStatus.make(node, pinned: pinned, download: jobs[entry.ino], sync: sync)))
+                if node.kind == .directory { stack.append((entry.ino, path, pinned)) }
             }
-            return out
         }
+        return out
+    }
+
+    /// Moves whenever what a query could see may have changed (local
+    /// changes, pulls, download progress): a watch recomputes only then.
+    public var changeGeneration: UInt64 {
+        let local = replica.withNamespace { ns in ns.pushWork &+ ns.appliedSeq &* 1_000_003 }
+        let transfers = downloads.withJobs { jobs in jobs.values.reduce(UInt64(jobs.count)) { $0 &+ $1.verified } }
+        return local &+ transfers &* 7
     }
 
     /// The read-only `user.ubiquity.*` attributes: `status` (the item's

@@ -160,6 +160,9 @@ public final class SyncEngine: Sendable {
 
     public var currentStatus: SyncStatus { status.withLock { $0 } }
 
+    /// Where the store is, for status (a folder store's path).
+    public var storePath: String { (store as? FolderStore)?.root.path ?? (store as? FaultyStore)?.description ?? store.storeID }
+
     /// Push until nothing is pending, reporting progress. Returns the number
     /// of items still pending: 0, or items that cannot be pushed because a
     /// program keeps them open for writing (the caller decides what to do).
@@ -403,6 +406,8 @@ public struct SyncStatus: Sendable, Codable {
     public var storeReachable = true
     public var pushedChangeSets = 0
     public var recentErrors: [Failure] = []
+
+    public init() {}
 
     public struct Failure: Sendable, Codable {
         public var date: Date

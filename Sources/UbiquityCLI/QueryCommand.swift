@@ -1,0 +1,137 @@
+import ArgumentParser
+import Foundation
+import UbiquityControl
+import UbiquityReplica
+import UbiquityStore
+import UbiquitySync
+
+/// `ubiquityfs query`: NSMetadataQuery for the command line.
+struct QueryCommand: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "query",
+        abstract: "List items matching a predicate, with their sync status; --watch follows changes.",
+        discussion: """
+            Predicates are NSPredicate-style: name LIKE[c] '*.md' AND size > 1000, \
+            downloadingStatus == 'notDownloaded', modificationDate > DATE("2026-01-01"), \
+            NSMetadataItemFSNameKey BEGINSWITH 'IMG' … Attributes: \(Query.attributeNames.joined(separator: ", ")).
+            Without a mountpoint, --container queries that container's mount if one runs, \
+            else reads this device's replica (read-only; no --watch).
+            """)
+
+    @Argument(help: "A ubiquityfs mountpoint (default: the mount of --container, or the only mount).") var mountpoint: String?
+    @Option(help: "Container ID.") var container: String?
+    @Option(help: "Folder store of --container when no mount runs (default: the default store).") var store: String?
+    @Option(help: "Scope: documents, data or all (repeatable; default all).") var scope: [QueryService.Scope] = []
+    @Option(help: "Predicate (default: every item).") var predicate = "TRUEPREDICATE"
+    @Option(help: "Sort keys, comma-separated; a leading - sorts descending (e.g. name,-size).") var sort: String?
+    @Flag(help: "One JSON object per line.") var json = false
+    @Flag(help: "Keep running: results, a gathering-finished marker, then updates as they happen.") var watch = false
+    @Option(help: "Seconds between update batches with --watch.") var throttle: Double = 1
+
+    func validate() throws {
+        do { _ = try Query(predicate: predicate, sort: sort) } catch { throw ValidationError("\(error)") }
+        guard throttle > 0, throttle <= 3600 else { throw ValidationError("--throttle must be between 0 and 3600 seconds") }
+    }
+
+    func run() throws {
+        let scopes = scope.isEmpty ? [QueryService.Scope.all] : scope
+        do {
+            if let socket = try socketPath() {
+                try remote(socket: socket, scopes: scopes)
+            } else {
+                guard !watch else { throw UbiquityError(EINVAL, "--watch needs a running mount of the container") }
+                try local(scopes: scopes)
+            }
+        } catch {
+            fail(error)
+        }
+    }
+
+    /// The control socket to ask, or nil to read the replica directly.
+    func socketPath() throws -> String? {
+        let locations = Locations()
+        if let mountpoint { return locations.controlSocket(mountpoint: absolutePath(mountpoint)).path }
+        let mounts = MountLocator.mounts()
+        guard let container else {
+            guard mounts.count == 1 else {
+                throw UbiquityError(EINVAL, mounts.isEmpty ? "no ubiquityfs mount: give --container ID to read a replica"
+                                                           : "several mounts: name one, or give --container")
+            }
+            return locations.controlSocket(mountpoint: mounts[0]).path
+        }
+        for mount in mounts {
+            let socket = locations.controlSocket(mountpoint: mount).path
+            var status: [String: Any]?
+            try? ControlClient.call(socket: socket, ["command": "status"]) { status = $0["status"] as? [String: Any] }
+            // This device's mount of this container (of this store, if one was named).
+            guard status?["container"] as? String == container,
+                  status?["dataHome"] as? String == locations.dataHome.path else { continue }
+            if let store, status?["store"] as? String != absolutePath(store) { continue }
+            return socket
+        }
+        return nil
+    }
+
+    func remote(socket: String, scopes: [QueryService.Scope]) throws {
+        var failure: String?
+        var request: [String: Any] = ["command": "query", "scopes": scopes.map(\.rawValue), "predicate": predicate,
+                                      "watch": watch, "throttle": throttle]
+        if let sort { request["sort"] = sort }
+        var rows: [[String: Any]] = []
+        try ControlClient.call(socket: socket, request) { line in
+            if let error = line["error"] as? String { failure = error; return }
+            guard let event = line["event"] as? String else { return }
+            if event == "heartbeat" { return }
+            if json {
+                printJSON(line)
+            } else if event == "result" && !watch {
+                if let item = line["item"] as? [String: Any] { rows.append(item) }
+            } else if event == "gatheringFinished" {
+                print("-- gathering finished: \(line["count"] ?? 0) items --")
+            } else if let item = line["item"] as? [String: Any] {
+                print("\(event.padding(toLength: 8, withPad: " ", startingAt: 0)) \(row(item))")
+            }
+            fflush(nil)
+        }
+        if let failure { throw UbiquityError(EINVAL, failure) }
+        if !json && !watch { printTable(rows) }
+    }
+
+    func local(scopes: [QueryService.Scope]) throws {
+        guard let container else { throw UbiquityError(EINVAL, "give a mountpoint or --container") }
+        let locations = Locations()
+        let storePath = store.map { URL(fileURLWithPath: absolutePath($0)) } ?? locations.defaultStore
+        let knownFile = locations.dataHome.appendingPathComponent("known-stores")
+            .appendingPathComponent(ContentCopy.hash(of: Data(storePath.standardizedFileURL.path.utf8)))
+        guard let storeID = (try? String(contentsOf: knownFile, encoding: .utf8))?.trimmingCharacters(in: .whitespacesAndNewlines) else {
+            throw UbiquityError(ENOENT, "this device has never mounted a container of \(storePath.path)")
+        }
+        let ns = try Replica.readNamespace(directory: locations.replica(storeID: storeID, container: container))
+        let query = try Query(predicate: predicate, sort: sort)
+        let results = QueryService.run(query, scopes: scopes, records: SyncEngine.collectItems(in: ns))
+        if json {
+            for (_, item) in results { printJSON(["event": "result", "item": QueryService.json(item)]) }
+        } else {
+            printTable(results.map { QueryService.json($0.1) })
+        }
+    }
+
+    func printJSON(_ object: [String: Any]) {
+        if let data = try? JSONSerialization.data(withJSONObject: object, options: [.sortedKeys]) {
+            print(String(decoding: data, as: UTF8.self))
+        }
+    }
+
+    func row(_ item: [String: Any]) -> String {
+        let size = (item["isDirectory"] as? Bool ?? false) ? "-" : formatBytes(UInt64(item["size"] as? Int ?? 0))
+        let status = "\(item["downloadingStatus"] ?? "")\((item["isUploaded"] as? Bool ?? true) ? "" : ", not uploaded")"
+            + ((item["hasUnresolvedConflicts"] as? Bool ?? false) ? ", conflicts" : "")
+        return "\(size.padding(toLength: 10, withPad: " ", startingAt: 0)) \(status.padding(toLength: 28, withPad: " ", startingAt: 0)) \(item["path"] ?? "")"
+    }
+
+    func printTable(_ rows: [[String: Any]]) {
+        print("SIZE       STATUS                       PATH")
+        for item in rows { print(row(item)) }
+        print("(\(rows.count) items)")
+    }
+}

@@ -1,0 +1,125 @@
+import ArgumentParser
+import Foundation
+import UbiquityControl
+import UbiquityReplica
+import UbiquityStore
+import UbiquitySync
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Runs metadata queries over a container's items: scopes, predicate, sort;
+/// and `--watch`: the initial gathering, a gathering-finished marker, then
+/// added/changed/removed updates whenever the replica changes, at most one
+/// batch per throttle interval.
+enum QueryService {
+    enum Scope: String, CaseIterable, ExpressibleByArgument { case documents, data, all }
+
+    static func inScopes(_ path: String, _ scopes: [Scope]) -> Bool {
+        let inDocuments = path == "/Documents" || path.hasPrefix("/Documents/")
+        return scopes.contains { scope in
+            switch scope {
+            case .all: return true
+            case .documents: return inDocuments && path != "/Documents"
+            case .data: return !inDocuments
+            }
+        }
+    }
+
+    static func metadata(_ r: ItemRecord) -> MetadataItem {
+        let s = r.status
+        var v: [String: MetadataValue] = [
+            "name": .string(r.name), "path": .string(r.path), "size": .number(Double(r.size)),
+            "contentType": .string(r.isDirectory ? "inode/directory" : ContentTypes.shared.type(ofFileNamed: r.name)),
+            "isDirectory": .bool(r.isDirectory),
+            "creationDate": .date(Double(r.created.sec) + Double(r.created.nsec) / 1e9),
+            "modificationDate": .date(Double(r.modified.sec) + Double(r.modified.nsec) / 1e9),
+            "downloadingStatus": .string(s.downloadingStatus), "isDownloading": .bool(s.isDownloading),
+            "percentDownloaded": .number(Double(s.percentDownloaded)), "isUploaded": .bool(s.isUploaded),
+            "isUploading": .bool(s.isUploading), "percentUploaded": .number(s.isUploaded ? 100 : 0),
+            "hasUnresolvedConflicts": .bool(s.hasUnresolvedConflicts), "pinned": .bool(s.pinned),
+        ]
+        v["downloadingError"] = s.downloadingError.map(MetadataValue.string) ?? .null
+        v["uploadingError"] = s.uploadingError.map(MetadataValue.string) ?? .null
+        return MetadataItem(values: v)
+    }
+
+    /// The matching items, sorted, keyed by inode (for watch diffs).
+    static func run(_ query: Query, scopes: [Scope], records: [ItemRecord]) -> [(UInt64, MetadataItem)] {
+        var byItem: [MetadataItem: UInt64] = [:]
+        var matching: [MetadataItem] = []
+        for record in records where inScopes(record.path, scopes) {
+            let item = metadata(record)
+            if query.matches(item) {
+                matching.append(item)
+                byItem[item] = record.ino
+            }
+        }
+        return query.sorted(matching).map { (byItem[$0] ?? 0, $0) }
+    }
+
+    static func json(_ item: MetadataItem) -> [String: Any] {
+        var out: [String: Any] = [:]
+        for (key, value) in item.values {
+            switch value {
+            case .string(let s): out[key] = s
+            case .number(let n): out[key] = n == n.rounded() && abs(n) < 1e15 ? Int(n) as Any : n
+            case .bool(let b): out[key] = b
+            case .date(let d): out[key] = ISO8601DateFormatter().string(from: Date(timeIntervalSince1970: d))
+            case .null: out[key] = NSNull()
+            }
+        }
+        return out
+    }
+
+    /// Answer one query request on the daemon's control socket.
+    static func serve(_ req: [String: Any], connection: ControlConnection, engine: SyncEngine) {
+        let scopes = (req["scopes"] as? [String] ?? ["all"]).compactMap(Scope.init(rawValue:))
+        let query: Query
+        do {
+            query = try Query(predicate: req["predicate"] as? String ?? "TRUEPREDICATE", sort: req["sort"] as? String)
+        } catch {
+            connection.send(["error": "\(error)"])
+            return
+        }
+        var current = run(query, scopes: scopes, records: engine.items())
+        for (_, item) in current {
+            guard connection.send(["event": "result", "item": json(item)]) else { return }
+        }
+        guard req["watch"] as? Bool == true else {
+            connection.send(["ok": true, "count": current.count])
+            return
+        }
+        guard connection.send(["event": "gatheringFinished", "count": current.count]) else { return }
+        let throttle = max(0.05, req["throttle"] as? Double ?? 1)
+        var generation = engine.changeGeneration
+        var lastBeat = Date()
+        while true {
+            Thread.sleep(forTimeInterval: throttle)
+            let now = engine.changeGeneration
+            if now == generation {
+                // Find out whether the client left, now and then.
+                if Date().timeIntervalSince(lastBeat) > 5 {
+                    guard connection.send(["event": "heartbeat"]) else { return }
+                    lastBeat = Date()
+                }
+                continue
+            }
+            generation = now
+            let next = run(query, scopes: scopes, records: engine.items())
+            let before = Dictionary(current.map { ($0.0, $0.1) }, uniquingKeysWith: { a, _ in a })
+            let after = Dictionary(next.map { ($0.0, $0.1) }, uniquingKeysWith: { a, _ in a })
+            var events: [[String: Any]] = []
+            for (ino, item) in next {
+                if let old = before[ino] {
+                    if old != item { events.append(["event": "changed", "item": json(item)]) }
+                } else {
+                    events.append(["event": "added", "item": json(item)])
+                }
+            }
+            for (ino, item) in current where after[ino] == nil { events.append(["event": "removed", "item": json(item)]) }
+            current = next
+            for event in events { guard connection.send(event) else { return } }
+        }
+    }
+}
