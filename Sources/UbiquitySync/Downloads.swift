@@ -195,10 +195,19 @@ extension SyncEngine {
                 // eviction or another download never interleaves with it.
                 try replica.installCacheFile(from: partial, ino)
                 ns.update(ino, local: false) { $0.hasContent = true; $0.size = $0.hashSize }
+                // Just downloaded counts as just used: the cache limit evicts others first.
+                ns.updateRuntime(ino) { $0.lastAccess = Self.monotonicNow() }
                 return true
             }
             if !installed { unlink(partial) }
             try replica.persist()
+            if installed {
+                // st_blocks changed: the kernel must not keep the placeholder's attributes.
+                var changes = ReplicaChanges()
+                changes.nodes[ino] = false
+                changes.count = 1
+                observer.withLock { $0 }?.replicaChanged(changes)
+            }
             finish(ino, error: nil)
         } catch {
             let failure = UbiquityError(EIO, "download of inode \(ino) failed: \(UbiquityError.wrap(error))")

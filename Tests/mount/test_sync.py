@@ -723,7 +723,11 @@ class Actor:
             time.sleep(self.rng.choice([0, 0, 0.001, 0.005, 0.02, 0.05]))
 
 
-@pytest.mark.parametrize("seed", [1, 2])
+# UBQ_SYNC_SEEDS=1,2,3,... runs the model test with other seeds.
+MODEL_SEEDS = [int(x) for x in os.environ.get("UBQ_SYNC_SEEDS", "1,2").split(",") if x.strip()]
+
+
+@pytest.mark.parametrize("seed", MODEL_SEEDS)
 def test_model_concurrent_random_operations_converge(make_device, seed):
     a = new_device(make_device, "a")
     b = new_device(make_device, "b")
