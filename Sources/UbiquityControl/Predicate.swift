@@ -1,1 +1,0 @@
-// The metadata query language (written next).

@@ -1,0 +1,89 @@
+/// The parsed, type-checked form of a predicate.
+indirect enum Predicate: Equatable, Sendable {
+    case constant(Bool)
+    case not(Predicate)
+    case and(Predicate, Predicate)
+    case or(Predicate, Predicate)
+    case comparison(Comparison)
+}
+
+/// A literal value. Dates are seconds since 1970.
+enum Literal: Equatable, Hashable, Sendable {
+    case string(String)
+    case number(Double)
+    case bool(Bool)
+    case date(Double)
+    case null
+
+    /// The attribute type this literal fits, nil for `nil`.
+    var type: AttributeType? {
+        switch self {
+        case .string: .string
+        case .number: .number
+        case .bool: .bool
+        case .date: .date
+        case .null: nil
+        }
+    }
+}
+
+enum ComparisonOperator: String, Equatable, Sendable, CaseIterable {
+    case equal = "=="
+    case notEqual = "!="
+    case less = "<"
+    case lessOrEqual = "<="
+    case greater = ">"
+    case greaterOrEqual = ">="
+    case like = "LIKE"
+    case beginsWith = "BEGINSWITH"
+    case endsWith = "ENDSWITH"
+    case contains = "CONTAINS"
+    case `in` = "IN"
+    case between = "BETWEEN"
+
+    /// `<`, `<=`, `>`, `>=` (and BETWEEN, which is two of them).
+    var isOrdering: Bool {
+        switch self {
+        case .less, .lessOrEqual, .greater, .greaterOrEqual, .between: true
+        default: false
+        }
+    }
+
+    /// The operators that only make sense on strings.
+    var isStringOnly: Bool {
+        switch self {
+        case .like, .beginsWith, .endsWith, .contains: true
+        default: false
+        }
+    }
+
+    /// The operator with its operands swapped (`5 < size` is `size > 5`).
+    var swapped: ComparisonOperator? {
+        switch self {
+        case .equal, .notEqual: self
+        case .less: .greater
+        case .lessOrEqual: .greaterOrEqual
+        case .greater: .less
+        case .greaterOrEqual: .lessOrEqual
+        default: nil
+        }
+    }
+}
+
+/// `[c]`, `[d]`, `[cd]`.
+struct ComparisonOptions: OptionSet, Equatable, Hashable, Sendable {
+    let rawValue: UInt8
+    static let caseInsensitive = ComparisonOptions(rawValue: 1)
+    static let diacriticInsensitive = ComparisonOptions(rawValue: 2)
+}
+
+/// `attribute OP value`, or `attribute IN {…}` / `attribute BETWEEN {low, high}`.
+struct Comparison: Equatable, Sendable {
+    var attribute: Attribute
+    var op: ComparisonOperator
+    var options: ComparisonOptions = []
+    /// One value for scalar operators, the aggregate's values for IN and BETWEEN.
+    var values: [Literal]
+
+    var value: Literal { values[0] }
+}
