@@ -231,6 +231,7 @@ struct Status: ParsableCommand {
             func bytes(_ key: String) -> String { formatBytes(UInt64(status[key] as? Int ?? 0)) }
             print("Mount:        \(path) (container \(status["container"] ?? "?"), daemon pid \(status["pid"] ?? "?"))")
             print("Store:        \((status["storeReachable"] as? Bool ?? false) ? "reachable" : "UNREACHABLE (working offline; changes are queued)")")
+            print("Items:        \(status["items"] ?? 0) (Documents scope \(status["documentsItems"] ?? 0), Data scope \(status["dataItems"] ?? 0))")
             print("Uploads:      \(status["pendingItems"] ?? 0) items, \(bytes("pendingBytes")) pending")
             print("Downloads:    \(status["downloadingItems"] ?? 0) items, \(bytes("downloadingBytes")) to go")
             let limit = status["cacheLimitBytes"].map { " of \(formatBytes(UInt64($0 as? Int ?? 0)))" } ?? ""

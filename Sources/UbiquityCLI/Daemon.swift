@@ -326,12 +326,14 @@ final class Daemon: @unchecked Sendable {
     }
 
     func statusReport(engine: SyncEngine, replica: Replica, mountpoint: String) -> [String: Any] {
+        let paths = engine.items().map(\.path)
+        let documents = paths.filter { QueryService.inScopes($0, [.documents]) }.count
         let pending = replica.withNamespace { ns in ns.pendingSummary() }
         let downloads = engine.downloadSummary()
         let s = engine.currentStatus
         var out: [String: Any] = [
             "pid": Int(getpid()), "mountpoint": mountpoint, "container": request.container,
-            "store": engine.storePath, "dataHome": locations.dataHome.path, "items": engine.items().count,
+            "store": engine.storePath, "dataHome": locations.dataHome.path, "items": paths.count, "documentsItems": documents, "dataItems": paths.count - documents,
             "pendingItems": pending.items, "pendingBytes": pending.bytes,
             "downloadingItems": downloads.items, "downloadingBytes": downloads.bytes,
             "cachedBytes": engine.cacheUsage(), "storeReachable": s.storeReachable,
