@@ -389,14 +389,7 @@ func makeOperations() -> fuse_lowlevel_ops {
         let ctx = FUSEContext.from(req)
         let name = Convert.string(name)
         ctx.serve(req, "getxattr") {
-            let value = try ctx.fs.getxattr(ino: UInt64(ino), name: name)
-            if size == 0 {
-                fuse_reply_xattr(req, value.count)
-            } else if size < value.count {
-                throw UbiquityError(ERANGE)
-            } else {
-                _ = value.withUnsafeBytes { fuse_reply_buf(req, $0.baseAddress?.assumingMemoryBound(to: CChar.self), $0.count) }
-            }
+            try replyXattr(req, Array(try ctx.fs.getxattr(ino: UInt64(ino), name: name)), size: size)
         }
     }
 
@@ -405,13 +398,7 @@ func makeOperations() -> fuse_lowlevel_ops {
         ctx.serve(req, "listxattr") {
             var list = [UInt8]()
             for name in try ctx.fs.listxattr(ino: UInt64(ino)) { list += Array(name.utf8) + [0] }
-            if size == 0 {
-                fuse_reply_xattr(req, list.count)
-            } else if size < list.count {
-                throw UbiquityError(ERANGE)
-            } else {
-                _ = list.withUnsafeBytes { fuse_reply_buf(req, $0.baseAddress?.assumingMemoryBound(to: CChar.self), $0.count) }
-            }
+            try replyXattr(req, list, size: size)
         }
     }
 
@@ -425,6 +412,17 @@ func makeOperations() -> fuse_lowlevel_ops {
     }
 
     return ops
+}
+
+/// The xattr reply protocol: size 0 asks for the length; a smaller buffer is ERANGE.
+func replyXattr(_ req: fuse_req_t?, _ bytes: [UInt8], size: Int) throws {
+    if size == 0 {
+        fuse_reply_xattr(req, bytes.count)
+    } else if size < bytes.count {
+        throw UbiquityError(ERANGE)
+    } else {
+        _ = bytes.withUnsafeBytes { fuse_reply_buf(req, $0.baseAddress?.assumingMemoryBound(to: CChar.self), $0.count) }
+    }
 }
 
 /// readdir and readdirplus: fill one reply buffer of at most `size` bytes.

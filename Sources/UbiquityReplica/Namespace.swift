@@ -309,11 +309,19 @@ public struct Namespace: Sendable {
         unpushed.compactMap { nodes[$0] }
     }
 
+    /// At most `limit` unpushed nodes, oldest (lowest inode number) first, so a
+    /// directory goes before what was created in it.
+    public func unpushedNodes(limit: Int) -> [LocalNode] {
+        guard unpushed.count > limit else { return unpushedNodes().sorted { $0.ino < $1.ino } }
+        return unpushed.sorted().prefix(limit).compactMap { nodes[$0] }
+    }
+
     /// Items and bytes still waiting to be pushed.
     public func pendingSummary() -> (items: Int, bytes: UInt64) {
         var items = 0
         var bytes: UInt64 = 0
-        for node in unpushedNodes() {
+        for ino in unpushed {
+            guard let node = nodes[ino] else { continue }
             items += 1
             if node.hasUnpushedContent { bytes += node.size }
         }

@@ -57,6 +57,9 @@ public enum LinuxCalls {
     /// Limit glibc's malloc arenas (threads otherwise each grow their own heap).
     public static func limitMallocArenas(_ count: Int32) { _ = ubq_limit_malloc_arenas(count) }
 
+    /// Give memory freed by a large operation back to the system.
+    public static func releaseFreeMemory() { _ = ubq_malloc_trim() }
+
     /// Make the calling thread background work: nice 10 and the lowest
     /// best-effort I/O priority.
     public static func lowerThreadPriority() {

@@ -66,6 +66,9 @@ public final class SyncEngine: Sendable {
     /// watcher when it has one, and every `pollInterval` seconds regardless.
     /// Longest a push waits for a busy mount to become quiet.
     static let maxBatchDelay = 2.0
+    /// Most nodes in one change set: bounds the memory and size of a commit
+    /// (a burst of 100,000 new files becomes a series of commits).
+    static let maxBatchNodes = 4000
 
     public func start(pollInterval: Double, observer: (any ReplicaObserver)?) {
         self.observer.withLock { $0 = observer }
@@ -135,7 +138,10 @@ public final class SyncEngine: Sendable {
                 waited += writeBackDelay
             } while wake.wait(timeout: .now()) == .success && waited < Self.maxBatchDelay
             do {
-                while try pushOnce(ignoreDelay: false), !stopped.withLock({ $0 }) {}
+                var rounds = 0
+                while try pushOnce(ignoreDelay: false), !stopped.withLock({ $0 }) { rounds += 1 }
+                // A burst (many batches) leaves freed buffers behind: return them.
+                if rounds > 1 { LinuxCalls.releaseFreeMemory() }
                 backoff = 1
             } catch {
                 record(error: error)
@@ -208,7 +214,7 @@ public final class SyncEngine: Sendable {
         let now = Self.monotonicNow()
         let delay = ignoreDelay ? 0 : UInt64(writeBackDelay * 1e9)
         let contentCandidates = replica.withNamespace { ns in
-            ns.unpushedNodes().filter { n in
+            ns.unpushedNodes(limit: Self.maxBatchNodes).filter { n in
                 n.hasUnpushedContent && n.hasContent && !n.unlinked && n.openWriters == 0
                     && now &- n.lastContentChange >= delay
             }.map { ($0.ino, $0.contentGeneration, $0.hash) }
@@ -332,7 +338,9 @@ public final class SyncEngine: Sendable {
         var deletions: [Change] = []
         var nodes: [(UInt64, UInt64)] = []
         var waitingForContent = Set<UInt64>()
-        for node in ns.unpushedNodes() {
+        let candidates = ns.unpushedNodes(limit: Self.maxBatchNodes)
+        let inBatch = Set(candidates.map(\.ino))
+        for node in candidates {
             let snapshot = snapshots[node.ino].flatMap { $0.generation == node.contentGeneration ? $0 : nil }
             if node.hasUnpushedContent && snapshot == nil && !node.unlinked {
                 waitingForContent.insert(node.ino)
@@ -353,8 +361,12 @@ public final class SyncEngine: Sendable {
         var entries: [(EntryKey, UInt64)] = []
         for (key, change) in ns.pendingEntries {
             let childIno = ns.lookup(key.parent, key.name)
-            // An entry naming a new node that waits for its content waits with it.
-            if let childIno, waitingForContent.contains(childIno), ns.node(childIno)?.version == 0 { continue }
+            // An entry naming a new node that waits for its content, or that is
+            // not in this batch, waits with it; so does one in a new directory
+            // not in this batch.
+            if let childIno, ns.node(childIno)?.version == 0,
+               waitingForContent.contains(childIno) || !inBatch.contains(childIno) { continue }
+            if key.parent != Namespace.rootIno, ns.node(key.parent)?.version == 0, !inBatch.contains(key.parent) { continue }
             entries.append((key, change))
             guard let parent = ns.node(key.parent) else { continue }
             let child = childIno.flatMap { ns.node($0)?.id }

@@ -32,6 +32,22 @@ import Glibc
         #expect(try b.fs.getattr(ino: try b.resolve("2.txt")).nlink == 2)
     }
 
+    @Test func aBurstLargerThanOneChangeSetArrivesWhole() throws {
+        let store = InMemoryStore()
+        let a = try TestDevice(store: store, name: "a")
+        let b = try TestDevice(store: store, name: "b")
+        defer { a.cleanUp(); b.cleanUp() }
+        for d in 0..<10 {
+            try a.mkdir("d\(d)")
+            try a.mkdir("d\(d)/sub")
+            for f in 0..<500 { try a.write("d\(d)/sub/f\(f)", "\(d)-\(f)") }
+        }
+        try a.engine.drain(progress: { _, _ in })
+        #expect(store.journalLength > 1, "more than one change set")
+        try b.engine.pull()
+        #expect(try b.tree() == a.tree())
+    }
+
     @Test func deletionsAndMovesPropagate() throws {
         let store = InMemoryStore()
         let a = try TestDevice(store: store, name: "a")

@@ -12,7 +12,8 @@ int ubq_syncfs(int fd);
 int ubq_gettid(void);
 /* ioprio_set(2) for a thread: best-effort class, lowest level (7). */
 int ubq_ioprio_lowest(int tid);
-/* mallopt(M_ARENA_MAX, n): malloc.h is not part of Swift's Glibc module. */
+/* mallopt(M_ARENA_MAX, n) and malloc_trim(0): malloc.h is not part of Swift's Glibc module. */
 int ubq_limit_malloc_arenas(int n);
+int ubq_malloc_trim(void);
 
 #endif
