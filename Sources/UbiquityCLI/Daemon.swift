@@ -296,6 +296,7 @@ final class Daemon: @unchecked Sendable {
             files += replica.withNamespace { ns in ns.files(under: ino).filter { ns.node($0)?.isPlaceholder == true } }
         }
         let sizes = replica.withNamespace { ns in files.map { ns.node($0)?.hashSize ?? 0 } }
+        let versions = replica.withNamespace { ns in files.map { ns.node($0)?.hash } }
         let totalBytes = sizes.reduce(0, +)
         var doneBytes: UInt64 = 0
         var failures: [String] = []
@@ -309,7 +310,7 @@ final class Daemon: @unchecked Sendable {
                 var waited = false
                 while !waited {
                     do {
-                        try engine.waitForContent(ino: file, upTo: size)
+                        try engine.waitForContent(ino: file, version: versions[index + offset], upTo: size)
                         waited = true
                     } catch {
                         failures.append("\(replica.withNamespace { ns in ns.path(of: file) } ?? "inode \(file)"): \(UbiquityError.wrap(error))")

@@ -11,8 +11,13 @@ struct HandleTable: Sendable {
         var ino: UInt64
         var fd: Int32
         var writable: Bool
-        /// Opened while a placeholder: reads wait for the download (up to this size).
+        /// The node's content epoch when opened: reads of an older epoch may
+        /// have put old pages in the kernel's cache (dropped at release).
+        var epoch: UInt32 = 0
+        /// Opened while a placeholder: reads wait for the download of this
+        /// version (up to its size).
         var streamingSize: UInt64?
+        var streamingVersion: String?
     }
 
     struct Listing: Sendable {
@@ -56,20 +61,7 @@ extension FileSystem {
         var opened: OpenReply
         if flags & O_ACCMODE == O_RDONLY {
             // Return at once; reads wait for the ranges they need.
-            let path = hooks.startDownload(ino: ino, background: false)
-            let fd = Glibc.open(path, O_RDONLY | O_CLOEXEC)
-            if fd < 0 && errno == ENOENT {
-                // The download finished (and was moved into place) in between.
-                let current = try replica.withNamespace { ns -> LocalNode in
-                    guard let node = ns.node(ino) else { throw UbiquityError(ENOENT) }
-                    return node
-                }
-                guard !current.isPlaceholder else { throw UbiquityError(EIO, "download of inode \(ino) vanished") }
-                opened = try openFile(node: current, flags: flags)
-            } else {
-                guard fd >= 0 else { throw UbiquityError.posix("open download of inode \(ino)") }
-                opened = register(ino: ino, fd: fd, writable: false, streamingSize: node.hashSize)
-            }
+            opened = try openStreaming(ino: ino, flags: flags)
         } else {
             if flags & O_TRUNC != 0 {
                 try truncate(ino: ino, size: 0, handle: nil)
@@ -106,22 +98,50 @@ extension FileSystem {
         return register(ino: ino, fd: fd, writable: writable)
     }
 
+    /// Open a placeholder for reading while it downloads. If the download
+    /// finished (or a newer version replaced it) between starting it and
+    /// opening its file, look again: the content is local now, or the newer
+    /// version's download starts.
+    func openStreaming(ino: UInt64, flags: Int32) throws -> OpenReply {
+        for attempt in 0..<50 {
+            if attempt > 0 { usleep(5_000) }
+            let node = try replica.withNamespace { ns -> LocalNode in
+                guard let node = ns.node(ino) else { throw UbiquityError(ENOENT) }
+                return node
+            }
+            guard node.isPlaceholder else { return try openFile(node: node, flags: flags) }
+            let path = hooks.startDownload(ino: ino, background: false)
+            let fd = Glibc.open(path, O_RDONLY | O_CLOEXEC)
+            if fd >= 0 {
+                return register(ino: ino, fd: fd, writable: false, streaming: (node.hashSize, node.hash))
+            }
+            guard errno == ENOENT else { throw UbiquityError.posix("open download of inode \(ino)") }
+        }
+        throw UbiquityError(EIO, "the content of inode \(ino) keeps changing; try again")
+    }
+
     /// Count the open and hand out a handle for `fd`.
-    func register(ino: UInt64, fd: Int32, writable: Bool, streamingSize: UInt64? = nil) -> OpenReply {
-        replica.withNamespace { ns in
+    func register(ino: UInt64, fd: Int32, writable: Bool, streaming: (size: UInt64, version: String?)? = nil) -> OpenReply {
+        // Keep the kernel's pages only if they were filled from this very content.
+        let (epoch, keepCache) = replica.withNamespace { ns -> (UInt32, Bool) in
             let now = Self.monotonicNow()
+            var result: (UInt32, Bool) = (0, true)
             ns.updateRuntime(ino) {
                 $0.openCount += 1
                 $0.lastAccess = now
                 if writable { $0.openWriters += 1 }
+                result = ($0.contentEpoch, $0.kernelEpoch == $0.contentEpoch && streaming == nil)
+                $0.kernelEpoch = $0.contentEpoch
             }
+            return result
         }
         let handle = handles.withLock { table in
             let handle = table.allocate()
-            table.files[handle] = HandleTable.OpenFile(ino: ino, fd: fd, writable: writable, streamingSize: streamingSize)
+            table.files[handle] = HandleTable.OpenFile(ino: ino, fd: fd, writable: writable, epoch: epoch,
+                                                       streamingSize: streaming?.size, streamingVersion: streaming?.version)
             return handle
         }
-        return OpenReply(handle: handle, keepCache: true)
+        return OpenReply(handle: handle, keepCache: keepCache)
     }
 
     func openFileFor(_ handle: UInt64) throws -> HandleTable.OpenFile {
@@ -132,7 +152,7 @@ extension FileSystem {
     public func read(handle: UInt64, offset: Int64, size: Int) throws -> ReadReply {
         let file = try openFileFor(handle)
         if let total = file.streamingSize, UInt64(offset) < total {
-            try hooks.waitForContent(ino: file.ino, upTo: min(total, UInt64(offset) + UInt64(size)))
+            try hooks.waitForContent(ino: file.ino, version: file.streamingVersion, upTo: min(total, UInt64(offset) + UInt64(size)))
         }
         return .fileRange(fd: file.fd, offset: offset, size: size)
     }
@@ -179,6 +199,11 @@ extension FileSystem {
         guard let file = handles.withLock({ $0.files.removeValue(forKey: handle) }) else { throw UbiquityError(EBADF) }
         close(file.fd)
         let dropped = replica.withNamespace { ns -> Bool in
+            // Reads through a handle of older content may have refilled the
+            // kernel's cache with it: make the next open drop that cache.
+            if let node = ns.node(file.ino), node.contentEpoch != file.epoch {
+                ns.updateRuntime(file.ino) { $0.kernelEpoch = $0.contentEpoch &- 1 }
+            }
             ns.updateRuntime(file.ino) {
                 $0.openCount -= 1
                 if file.writable {

@@ -10,7 +10,7 @@ import Glibc
 ///
 /// Layout under `$XDG_DATA_HOME/ubiquityfs/replicas/STORE-ID/CONTAINER/`:
 /// `index.sqlite` (+ WAL), `cache/XX/INO` (content by inode number),
-/// `cache/XX/INO.part` (downloads in progress), `daemon.log`, `lock`.
+/// `cache/BUCKET/INO.VERSION.part` (downloads in progress), `daemon.log`, `lock`.
 ///
 /// Lock order (outermost first): `Replica.writer` → `Replica.namespace`.
 /// `namespace` is held only for in-memory work — never across I/O, a store
@@ -117,7 +117,7 @@ public final class Replica: Sendable {
             guard let names = try? fm.contentsOfDirectory(atPath: dir) else { continue }
             for name in names {
                 let isPartial = name.hasSuffix(".part")
-                guard let ino = UInt64(isPartial ? String(name.dropLast(5)) : name) else { continue }
+                guard let ino = UInt64(isPartial ? String(name.prefix { $0 != "." }) : name) else { continue }
                 let node = ns.nodes[ino]
                 let owned = isPartial ? node?.isPlaceholder == true : (node?.kind == .file && node?.hasContent == true)
                 if !owned { unlink(dir + "/" + name) }

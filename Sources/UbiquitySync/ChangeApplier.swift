@@ -111,6 +111,7 @@ struct ChangeApplier {
         n.size = state.size
         n.hasContent = false   // fetched (or created empty) when opened
         n.pushedGeneration = n.contentGeneration
+        n.contentEpoch &+= 1
     }
 
     mutating func createNode(_ state: NodeState, to ns: inout Namespace) {

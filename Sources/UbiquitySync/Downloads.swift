@@ -7,7 +7,7 @@ import Glibc
 
 /// Downloads of placeholder content, streamed into the cache.
 ///
-/// A download writes `cache/…/INO.part` in order, chunk by chunk, each chunk
+/// A download writes `cache/…/INO.VERSION.part` in order, chunk by chunk, each chunk
 /// verified against the manifest before its bytes count as *verified*. A
 /// reader that opened the placeholder reads that same file and waits only
 /// until the range it asked for is verified — the first 4 KiB of a large
@@ -32,11 +32,17 @@ final class DownloadBoard: @unchecked Sendable {
     /// Guards `jobs`; readers wait on it for progress. (A condition, not a
     /// `Mutex`, because waiting is the point.)
     let condition = NSCondition()
-    var jobs: [UInt64: Job] = [:]
+    /// One job per version of a file: a reader waits for the version it opened.
+    var jobs: [JobKey: Job] = [:]
     /// At most this many background refreshes at once (readers never wait for a slot).
     let backgroundSlots = DispatchSemaphore(value: 2)
 
-    func withJobs<T>(_ body: (inout [UInt64: Job]) -> T) -> T {
+    struct JobKey: Hashable {
+        var ino: UInt64
+        var hash: String?
+    }
+
+    func withJobs<T>(_ body: (inout [JobKey: Job]) -> T) -> T {
         condition.lock()
         defer { condition.unlock() }
         return body(&jobs)
@@ -52,11 +58,17 @@ extension SyncEngine {
     /// readers to open. `background` downloads wait for a free slot.
     @discardableResult
     public func startDownload(ino: UInt64, background: Bool = false) -> String {
-        let partial = replica.cachePath(ino) + ".part"
-        guard let node = replica.withNamespace({ ns in ns.node(ino) }), node.isPlaceholder else { return partial }
+        guard let node = replica.withNamespace({ ns in ns.node(ino) }) else { return replica.cachePath(ino) }
+        // One partial file per version: a download of an older version that is
+        // still finishing never writes into (or removes) the newer one's.
+        let partial = replica.cachePath(ino) + "." + String((node.hash ?? "empty").prefix(16)) + ".part"
+        guard node.isPlaceholder else { return replica.cachePath(ino) }
+        let key = DownloadBoard.JobKey(ino: ino, hash: node.hash)
         let started = downloads.withJobs { jobs -> Bool in
-            if let job = jobs[ino], job.hash == node.hash, !job.done, job.error == nil { return false }
-            jobs[ino] = DownloadBoard.Job(hash: node.hash, total: node.hashSize)
+            let stale = Date().addingTimeInterval(-600)
+            jobs = jobs.filter { !$0.value.done || $0.value.lastProgress > stale }
+            if let job = jobs[key], job.error == nil, !job.done { return false }
+            jobs[key] = DownloadBoard.Job(hash: node.hash, total: node.hashSize)
             return true
         }
         guard started else { return partial }
@@ -78,13 +90,14 @@ extension SyncEngine {
         return partial
     }
 
-    /// Wait until bytes `0..<upTo` of `ino` are verified (or the file is local).
-    public func waitForContent(ino: UInt64, upTo: UInt64) throws {
+    /// Wait until bytes `0..<upTo` of version `version` of `ino` are verified
+    /// (or that download finished).
+    public func waitForContent(ino: UInt64, version: String?, upTo: UInt64) throws {
         let board = downloads
         board.condition.lock()
         defer { board.condition.unlock() }
         while true {
-            guard let job = board.jobs[ino] else {
+            guard let job = board.jobs[DownloadBoard.JobKey(ino: ino, hash: version)] else {
                 // No download: either it finished (content local) or never started.
                 let local = replica.withNamespace { ns in ns.node(ino).map { !$0.isPlaceholder } ?? false }
                 if local { return }
@@ -103,11 +116,11 @@ extension SyncEngine {
     public func download(ino: UInt64) throws {
         guard let node = replica.withNamespace({ ns in ns.node(ino) }), node.isPlaceholder else { return }
         startDownload(ino: ino)
-        try waitForContent(ino: ino, upTo: node.hashSize)
+        try waitForContent(ino: ino, version: node.hash, upTo: node.hashSize)
         // The job may be done while the rename is in flight: wait for the content to be installed.
         for _ in 0..<1000 {
             if replica.withNamespace({ ns in ns.node(ino).map { !$0.isPlaceholder } ?? true }) { return }
-            if let error = downloads.withJobs({ $0[ino]?.error }) { throw error }
+            if let error = downloads.withJobs({ $0[DownloadBoard.JobKey(ino: ino, hash: node.hash)]?.error }) { throw error }
             Thread.sleep(forTimeInterval: 0.01)
         }
         throw UbiquityError(EIO, "the content of inode \(ino) changed while downloading")
@@ -121,26 +134,30 @@ extension SyncEngine {
         }
     }
 
-    func progress(_ ino: UInt64, verified: UInt64) {
+    func progress(_ ino: UInt64, hash: String?, verified: UInt64) {
         downloads.condition.lock()
-        _ = jobsUpdate(ino) { $0.verified = verified; $0.lastProgress = Date() }
+        _ = jobsUpdate(ino, hash: hash) { $0.verified = verified; $0.lastProgress = Date() }
         downloads.condition.broadcast()
         downloads.condition.unlock()
     }
 
-    private func jobsUpdate(_ ino: UInt64, _ body: (inout DownloadBoard.Job) -> Void) -> Bool {
-        guard downloads.jobs[ino] != nil else { return false }
-        body(&downloads.jobs[ino]!)
+    /// Update the download of version `hash` of `ino`, if it is still recorded.
+    private func jobsUpdate(_ ino: UInt64, hash: String?, _ body: (inout DownloadBoard.Job) -> Void) -> Bool {
+        let key = DownloadBoard.JobKey(ino: ino, hash: hash)
+        guard downloads.jobs[key] != nil else { return false }
+        body(&downloads.jobs[key]!)
         return true
     }
 
-    func finish(_ ino: UInt64, error: UbiquityError?, cause: (any Error)? = nil) {
+    func finish(_ ino: UInt64, hash: String?, error: UbiquityError?, cause: (any Error)? = nil) {
         if let cause { record(error: cause) }   // before waking readers: status shows what they got
         downloads.condition.lock()
         if let error {
-            _ = jobsUpdate(ino) { $0.error = error }
+            _ = jobsUpdate(ino, hash: hash) { $0.error = error }
         } else {
-            downloads.jobs[ino] = nil
+            // Kept (done) for a while: a reader of this version may still be
+            // waiting for it even if a newer version replaced it meanwhile.
+            _ = jobsUpdate(ino, hash: hash) { $0.done = true; $0.lastProgress = Date() }
         }
         downloads.condition.broadcast()
         downloads.condition.unlock()
@@ -173,13 +190,13 @@ extension SyncEngine {
                         let count = min(manifest.chunkSize, size - offset)
                         if present >= offset + count, let existing = Self.read(fd, offset: offset, count: Int(count)),
                            ContentCopy.hash(of: existing) == chunkHash {
-                            progress(ino, verified: offset + count)   // resumed: already here and intact
+                            progress(ino, hash: hash, verified: offset + count)   // resumed: already here and intact
                             continue
                         }
                         let data = try store.fetchBlob(chunkHash)
                         guard UInt64(data.count) == count else { throw UbiquityError(EIO, "chunk \(chunkHash) has the wrong size") }
                         try write(data, at: offset)
-                        progress(ino, verified: offset + count)
+                        progress(ino, hash: hash, verified: offset + count)
                     }
                 } else {
                     let data = try store.fetchBlob(hash)
@@ -196,7 +213,7 @@ extension SyncEngine {
                 try replica.installCacheFile(from: partial, ino)
                 ns.update(ino, local: false) { $0.hasContent = true; $0.size = $0.hashSize }
                 // Just downloaded counts as just used: the cache limit evicts others first.
-                ns.updateRuntime(ino) { $0.lastAccess = Self.monotonicNow() }
+                ns.updateRuntime(ino) { $0.lastAccess = Self.monotonicNow(); $0.contentEpoch &+= 1 }
                 return true
             }
             if !installed { unlink(partial) }
@@ -208,10 +225,10 @@ extension SyncEngine {
                 changes.count = 1
                 observer.withLock { $0 }?.replicaChanged(changes)
             }
-            finish(ino, error: nil)
+            finish(ino, hash: hash, error: nil)
         } catch {
             let failure = UbiquityError(EIO, "download of inode \(ino) failed: \(UbiquityError.wrap(error))")
-            finish(ino, error: failure, cause: failure.withErrno(UbiquityError.wrap(error).errno))
+            finish(ino, hash: hash, error: failure, cause: failure.withErrno(UbiquityError.wrap(error).errno))
         }
     }
 

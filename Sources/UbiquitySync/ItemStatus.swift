@@ -57,11 +57,11 @@ extension ItemStatus {
 
 extension SyncEngine {
     public func itemStatus(ino: UInt64) -> ItemStatus? {
-        let download = downloads.withJobs { jobs in jobs[ino] }
+        let jobs = downloads.withJobs { $0 }
         let sync = currentStatus
         return replica.withNamespace { ns -> ItemStatus? in
             guard let node = ns.node(ino) else { return nil }
-            return ItemStatus.make(node, pinned: ns.isPinned(ino), download: download, sync: sync)
+            return ItemStatus.make(node, pinned: ns.isPinned(ino), download: jobs[DownloadBoard.JobKey(ino: ino, hash: node.hash)], sync: sync)
         }
     }
 
@@ -80,7 +80,7 @@ extension SyncEngine {
     }
 
     static func collectItems(in ns: Namespace, under root: UInt64, sync: SyncStatus,
-                             jobs: [UInt64: DownloadBoard.Job]) -> [ItemRecord] {
+                             jobs: [DownloadBoard.JobKey: DownloadBoard.Job]) -> [ItemRecord] {
         var out: [ItemRecord] = []
         out.reserveCapacity(ns.nodes.count)
         var stack: [(UInt64, String, Bool)] = [(root, "", ns.node(root)?.pinned ?? false)]
@@ -92,7 +92,7 @@ extension SyncEngine {
                 out.append(ItemRecord(ino: entry.ino, path: path, name: name.description,
                                       isDirectory: node.kind == .directory, size: node.size,
                                       created: node.btime, modified: node.mtime,
-                                      status: ItemStatus.make(node, pinned: pinned, download: jobs[entry.ino], sync: sync)))
+                                      status: ItemStatus.make(node, pinned: pinned, download: jobs[DownloadBoard.JobKey(ino: entry.ino, hash: node.hash)], sync: sync)))
                 if node.kind == .directory { stack.append((entry.ino, path, pinned)) }
             }
         }

@@ -27,7 +27,7 @@ extension SyncEngine {
             }
             // Under the lock (one unlink), so no download or writer interleaves.
             unlink(replica.cachePath(ino))
-            ns.update(ino, local: false) { $0.hasContent = false }
+            ns.update(ino, local: false) { $0.hasContent = false; $0.contentEpoch &+= 1 }
             return true
         }
         if evicted {
