@@ -162,20 +162,24 @@ final class Daemon: @unchecked Sendable {
         control.stop()
         engine.stop()
         // A waiting `ubiquityfs unmount` asked for everything to be pushed.
-        if let waiter = unmountWaiter.withLock({ $0 }) {
+        let waiter = unmountWaiter.withLock { $0 }
+        var answer: [String: Any] = ["ok": true]
+        if let waiter {
             do {
                 try engine.drain(progress: { items, bytes in
                     waiter.send(["progress": ["items": items, "bytes": bytes]])
                 })
-                waiter.send(["ok": true])
             } catch {
-                waiter.send(["error": "\(error)"])
+                answer = ["error": "\(error)"]
             }
-            waiter.close(force: true)
         }
         try? replica.persist()
         let pending = replica.withNamespace { ns in ns.pendingSummary() }
         logger.info("stopped; \(pending.items) items (\(pending.bytes) bytes) left in the queue for the next mount")
+        // The replica is free before `unmount` returns: mounting again at once works.
+        replica.releaseLock()
+        waiter?.send(answer)
+        waiter?.close(force: true)
     }
 
     func handleControl(_ req: [String: Any], _ connection: ControlConnection, engine: SyncEngine,
@@ -220,7 +224,7 @@ final class Daemon: @unchecked Sendable {
                 for ino in inos {
                     let list = try engine.versions(ino: ino).map { v -> [String: Any] in
                         ["label": v.label, "path": v.path, "device": v.device, "size": v.size,
-                         "modified": ISO8601DateFormatter().string(from: Date(timeIntervalSince1970: Double(v.modified.sec)))]
+                         "modified": isoDate( Date(timeIntervalSince1970: Double(v.modified.sec)))]
                     }
                     connection.send(["versions": list])
                 }
@@ -339,10 +343,10 @@ final class Daemon: @unchecked Sendable {
             "downloadingItems": downloads.items, "downloadingBytes": downloads.bytes,
             "cachedBytes": engine.cacheUsage(), "storeReachable": s.storeReachable,
             "pushedChangeSets": s.pushedChangeSets,
-            "recentErrors": s.recentErrors.map { ["date": ISO8601DateFormatter().string(from: $0.date), "message": $0.message] },
+            "recentErrors": s.recentErrors.map { ["date": isoDate( $0.date), "message": $0.message] },
         ]
         if let limit = engine.cacheLimit { out["cacheLimitBytes"] = limit }
-        if let d = s.lastSync { out["lastSync"] = ISO8601DateFormatter().string(from: d) }
+        if let d = s.lastSync { out["lastSync"] = isoDate( d) }
         return out
     }
 

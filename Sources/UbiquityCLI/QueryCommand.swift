@@ -82,6 +82,19 @@ struct QueryCommand: ParsableCommand {
             if let error = line["error"] as? String { failure = error; return }
             guard let event = line["event"] as? String else { return }
             if event == "heartbeat" { return }
+            if event == "results" {
+                let items = line["items"] as? [[String: Any]] ?? []
+                if json {
+                    var text = ""
+                    for item in items { text += jsonLine(["event": "result", "item": item]) + "\n" }
+                    FileHandle.standardOutput.write(Data(text.utf8))
+                } else if watch {
+                    for item in items { print("result   \(row(item))") }
+                } else {
+                    rows += items
+                }
+                return
+            }
             if json {
                 printJSON(line)
             } else if event == "result" && !watch {
@@ -116,10 +129,11 @@ struct QueryCommand: ParsableCommand {
         }
     }
 
-    func printJSON(_ object: [String: Any]) {
-        if let data = try? JSONSerialization.data(withJSONObject: object, options: [.sortedKeys]) {
-            print(String(decoding: data, as: UTF8.self))
-        }
+    func printJSON(_ object: [String: Any]) { print(jsonLine(object)) }
+
+    func jsonLine(_ object: [String: Any]) -> String {
+        guard let data = try? JSONSerialization.data(withJSONObject: object, options: [.sortedKeys]) else { return "{}" }
+        return String(decoding: data, as: UTF8.self)
     }
 
     func row(_ item: [String: Any]) -> String {

@@ -65,7 +65,7 @@ enum QueryService {
             case .string(let s): out[key] = s
             case .number(let n): out[key] = n == n.rounded() && abs(n) < 1e15 ? Int(n) as Any : n
             case .bool(let b): out[key] = b
-            case .date(let d): out[key] = ISO8601DateFormatter().string(from: Date(timeIntervalSince1970: d))
+            case .date(let d): out[key] = isoDate( Date(timeIntervalSince1970: d))
             case .null: out[key] = NSNull()
             }
         }
@@ -83,8 +83,12 @@ enum QueryService {
             return
         }
         var current = run(query, scopes: scopes, records: engine.items())
-        for (_, item) in current {
-            guard connection.send(["event": "result", "item": json(item)]) else { return }
+        // Results travel in batches: one line per item would cost a write each.
+        var start = 0
+        while start < current.count {
+            let batch = current[start..<min(current.count, start + 1000)].map { json($0.1) }
+            guard connection.send(["event": "results", "items": batch]) else { return }
+            start += 1000
         }
         guard req["watch"] as? Bool == true else {
             connection.send(["ok": true, "count": current.count])
@@ -122,4 +126,19 @@ enum QueryService {
             for event in events { guard connection.send(event) else { return } }
         }
     }
+}
+
+/// ISO 8601 text of a date, UTC, to the second ("2026-11-21T10:49:02Z").
+/// Written by hand: Foundation's formatter costs tens of microseconds a
+/// call, which adds up to seconds over 100,000 query results.
+func isoDate(_ date: Date) -> String {
+    var seconds = time_t(date.timeIntervalSince1970.rounded(.down))
+    var parts = tm()
+    gmtime_r(&seconds, &parts)
+    func pad(_ value: Int32, _ width: Int) -> String {
+        let digits = String(value)
+        return digits.count >= width ? digits : String(repeating: "0", count: width - digits.count) + digits
+    }
+    return "\(pad(parts.tm_year + 1900, 4))-\(pad(parts.tm_mon + 1, 2))-\(pad(parts.tm_mday, 2))T"
+        + "\(pad(parts.tm_hour, 2)):\(pad(parts.tm_min, 2)):\(pad(parts.tm_sec, 2))Z"
 }

@@ -16,6 +16,8 @@ final class Index: Sendable {
         var config = Configuration()
         config.label = "ubiquityfs.index"
         config.readonly = readOnly
+        // A daemon that just stopped may still be closing the database.
+        config.busyMode = .timeout(10)
         if !readOnly {
             config.prepareDatabase { db in
                 try db.execute(sql: "PRAGMA journal_mode=WAL")

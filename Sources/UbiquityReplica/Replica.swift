@@ -23,6 +23,7 @@ public final class Replica: Sendable {
     let namespace: Mutex<Namespace>
     let writer = Mutex<Int>(0)
     let lockFD: Int32
+    let lockReleased = Mutex(false)
 
     /// Open (creating if needed) the replica in `directory` and take its
     /// lock: a second daemon on the same replica is refused with `EBUSY`.
@@ -65,7 +66,15 @@ public final class Replica: Sendable {
     }
 
     deinit {
-        close(lockFD)
+        releaseLock()
+    }
+
+    /// Let another daemon open this replica (the daemon is done with it).
+    public func releaseLock() {
+        lockReleased.withLock { released in
+            if !released { close(lockFD) }
+            released = true
+        }
     }
 
     /// The namespace of the replica in `directory`, read without taking its
