@@ -86,15 +86,6 @@ def eventually(check, timeout: float = SYNC_TIMEOUT, interval: float = 0.1, what
         time.sleep(interval)
 
 
-def wait_until(predicate, timeout: float, interval: float = 0.1) -> bool:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(interval)
-    return True
-
-
 def status_json(dev) -> dict:
     """`ubiquityfs status MP --json` of a device, parsed."""
     res = dev.cli("status", dev.mountpoint, "--json", timeout=30)
