@@ -45,6 +45,8 @@ struct Mount: ParsableCommand {
     var cacheSize: String?
     @Option(help: "This device's name, used in conflicted-copy names (default: the host name; remembered).")
     var deviceName: String?
+    @Option(help: "What to show: documents (the Documents folder, folder levels enforced), data (all but Documents) or all.")
+    var scope: QueryService.Scope = .all
     @Option(help: .hidden) var notifyFd: Int32?
 
     func validate() throws {
@@ -64,7 +66,8 @@ struct Mount: ParsableCommand {
                                    container: container,
                                    fuseOptions: options.flatMap { $0.split(separator: ",").map(String.init) },
                                    foreground: foreground || notifyFd != nil, pollInterval: pollInterval,
-                                   cacheLimit: cacheSize.flatMap(parseSize), deviceName: deviceName, notifyFD: notifyFd)
+                                   cacheLimit: cacheSize.flatMap(parseSize), deviceName: deviceName, scope: scope,
+                                   notifyFD: notifyFd)
         if request.foreground {
             do {
                 chdir("/")
@@ -110,6 +113,7 @@ struct Mount: ParsableCommand {
         if let store = request.storePath { arguments += ["--store", store] }
         if let limit = request.cacheLimit { arguments += ["--cache-size", String(limit)] }
         if let name = request.deviceName { arguments += ["--device-name", name] }
+        arguments += ["--scope", request.scope.rawValue]
         if !request.fuseOptions.isEmpty { arguments += ["-o", request.fuseOptions.joined(separator: ",")] }
 
         var actions = posix_spawn_file_actions_t()

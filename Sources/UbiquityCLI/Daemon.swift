@@ -23,6 +23,8 @@ struct MountRequest: Sendable {
     var cacheLimit: UInt64?
     /// This device's name (shown in conflicted-copy names); default: the host name.
     var deviceName: String?
+    /// What part of the container the mount shows.
+    var scope: QueryService.Scope = .all
     /// Write "ready"/"error" here (the background parent waits on it).
     var notifyFD: Int32?
 }
@@ -128,12 +130,14 @@ final class Daemon: @unchecked Sendable {
             logger.warning("could not catch up with the store, serving the local replica: \(error)")
             engine.record(error: error)
         }
-        let fileSystem = FileSystem(replica: replica, hooks: engine)
+        var options = FileSystemOptions()
+        options.view = try viewRoot(replica: replica, engine: engine, store: store)
+        let fileSystem = FileSystem(replica: replica, hooks: engine, options: options)
         let session = FUSESession(fileSystem: fileSystem, mountpoint: mountpoint, logger: logger)
-        var options = ["default_permissions", "fsname=ubiquityfs", "subtype=ubiquityfs"]
-        if geteuid() == 0 { options.append("allow_other") }
-        options += request.fuseOptions
-        try session.mount(options: options)
+        var mountOptions = ["default_permissions", "fsname=ubiquityfs", "subtype=ubiquityfs"]
+        if geteuid() == 0 { mountOptions.append("allow_other") }
+        mountOptions += request.fuseOptions
+        try session.mount(options: mountOptions)
 
         let socketPath = locations.controlSocket(mountpoint: mountpoint).path
         let control: ControlServer
@@ -348,6 +352,39 @@ final class Daemon: @unchecked Sendable {
         if let limit = engine.cacheLimit { out["cacheLimitBytes"] = limit }
         if let d = s.lastSync { out["lastSync"] = isoDate( d) }
         return out
+    }
+
+    /// The part of the container this mount shows: `documents` is its
+    /// Documents folder (created if missing) with the container's folder
+    /// levels enforced; `data` is the container without Documents; `all` is
+    /// everything.
+    func viewRoot(replica: Replica, engine: SyncEngine, store: any Store) throws -> ViewRoot {
+        let documents = FileName("Documents")
+        switch request.scope {
+        case .all:
+            return ViewRoot()
+        case .data:
+            return ViewRoot(hidden: documents)
+        case .documents:
+            let existing = replica.withNamespace { ns in
+                ns.lookup(Namespace.rootIno, documents).flatMap { ns.node($0)?.kind == .directory ? $0 : nil }
+            }
+            let root: UInt64
+            if let existing {
+                root = existing
+            } else {
+                let creator = FileSystem(replica: replica, hooks: engine)
+                root = try creator.mkdir(parent: Namespace.rootIno, name: documents, mode: 0o755,
+                                         caller: Caller(uid: getuid(), gid: getgid(), pid: getpid())).ino
+            }
+            let levels = (try? store.containerConfig(request.container))??.supportedFolderLevels ?? .any
+            let limit: Int? = switch levels {
+            case .none: 0
+            case .one: 1
+            case .any: nil
+            }
+            return ViewRoot(root: root, folderLimit: limit)
+        }
     }
 
     /// `UBIQUITYFS_FAULTS=fetch-delay=SECONDS` makes every blob fetch slow —

@@ -40,6 +40,7 @@ extension FileSystem {
     // MARK: - Files
 
     public func open(ino: UInt64, flags: Int32) throws -> OpenReply {
+        let ino = view.swap(ino)
         let node = try replica.withNamespace { ns -> LocalNode in
             guard let node = ns.node(ino) else { throw UbiquityError(ENOENT) }
             return node
@@ -234,6 +235,7 @@ extension FileSystem {
     // MARK: - Directories
 
     public func opendir(ino: UInt64) throws -> UInt64 {
+        let ino = view.swap(ino)
         let listing = try snapshot(ino)
         return handles.withLock { table in
             let handle = table.allocate()
@@ -268,11 +270,11 @@ extension FileSystem {
         var out: [DirectoryEntry] = []
         let dirIno = listing.ino
         if offset < 1 {
-            out.append(DirectoryEntry(name: ".", ino: dirIno, type: UInt32(S_IFDIR), nextOffset: 1, entry: nil))
+            out.append(DirectoryEntry(name: ".", ino: view.swap(dirIno), type: UInt32(S_IFDIR), nextOffset: 1, entry: nil))
         }
         if offset < 2 {
-            let parent = replica.withNamespace { ns in ns.directoryParent[dirIno] ?? dirIno }
-            out.append(DirectoryEntry(name: "..", ino: parent, type: UInt32(S_IFDIR), nextOffset: 2, entry: nil))
+            let parent = dirIno == view.root ? dirIno : replica.withNamespace { ns in ns.directoryParent[dirIno] ?? dirIno }
+            out.append(DirectoryEntry(name: "..", ino: view.swap(parent), type: UInt32(S_IFDIR), nextOffset: 2, entry: nil))
         }
         // First entry with a cookie above the offset (binary search: entries are sorted).
         var low = 0
@@ -285,13 +287,14 @@ extension FileSystem {
         replica.withNamespace { ns in
             for item in slice {
                 // Entries removed since the snapshot are skipped.
-                guard let node = ns.node(item.ino), ns.lookup(dirIno, item.name) == item.ino else { continue }
+                guard let node = ns.node(item.ino), ns.lookup(dirIno, item.name) == item.ino,
+                      !(dirIno == view.root && item.name == view.hidden) else { continue }
                 var entry: EntryReply?
                 if plus {
                     ns.updateRuntime(item.ino) { $0.lookups += 1 }
                     entry = entryReply(node)
                 }
-                out.append(DirectoryEntry(name: item.name, ino: item.ino, type: node.kind.typeBits,
+                out.append(DirectoryEntry(name: item.name, ino: view.swap(item.ino), type: node.kind.typeBits,
                                           nextOffset: Int64(item.cookie), entry: entry))
             }
         }
@@ -316,6 +319,7 @@ extension FileSystem {
     public static let xattrReplace: Int32 = 2  // XATTR_REPLACE
 
     public func setxattr(ino: UInt64, name: String, value: Data, flags: Int32) throws {
+        let ino = view.swap(ino)
         try Self.checkXattrName(name, writing: true)
         try replica.withNamespace { ns in
             guard let node = ns.node(ino) else { throw UbiquityError(ENOENT) }
@@ -331,6 +335,7 @@ extension FileSystem {
     /// `user.ubiquity.*` are read-only status attributes computed on demand;
     /// `listxattr` does not list them, so `cp -a` and `rsync -X` never copy them.
     public func getxattr(ino: UInt64, name: String) throws -> Data {
+        let ino = view.swap(ino)
         guard name.hasPrefix("user.") else { throw UbiquityError(name.contains(".") ? ENODATA : EOPNOTSUPP) }
         if name.hasPrefix(Self.statusAttributePrefix) {
             guard let value = hooks.statusAttribute(ino: ino, name: name) else { throw UbiquityError(ENODATA) }
@@ -344,13 +349,15 @@ extension FileSystem {
     }
 
     public func listxattr(ino: UInt64) throws -> [String] {
-        try replica.withNamespace { ns in
+        let ino = view.swap(ino)
+        return try replica.withNamespace { ns in
             guard let node = ns.node(ino) else { throw UbiquityError(ENOENT) }
             return node.xattrs.keys.sorted()
         }
     }
 
     public func removexattr(ino: UInt64, name: String) throws {
+        let ino = view.swap(ino)
         try Self.checkXattrName(name, writing: true)
         try replica.withNamespace { ns in
             guard let node = ns.node(ino) else { throw UbiquityError(ENOENT) }

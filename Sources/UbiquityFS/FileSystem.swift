@@ -37,9 +37,48 @@ public final class FileSystem: Sendable {
 
     // MARK: - Helpers
 
+    var view: ViewRoot { options.view }
+
+    /// Attributes as the kernel sees them (inode numbers through the view).
+    func kernelAttributes(_ node: LocalNode) -> Attributes {
+        var attributes = node.attributes
+        attributes.ino = view.swap(node.ino)
+        return attributes
+    }
+
     func entryReply(_ node: LocalNode) -> EntryReply {
-        EntryReply(ino: node.ino, attributes: node.attributes,
+        EntryReply(ino: view.swap(node.ino), attributes: kernelAttributes(node),
                    entryTimeout: options.entryTimeout, attributeTimeout: options.attributeTimeout)
+    }
+
+    /// The kernel's inode number for replica inode `ino` (for invalidations).
+    public func kernelIno(_ ino: UInt64) -> UInt64 { view.swap(ino) }
+
+    /// Refuse names the view keeps for itself, and directories deeper than it allows.
+    func checkPlacement(parent: UInt64, name: FileName, directoryHeight: Int?, in ns: Namespace) throws {
+        if parent == view.root, let hidden = view.hidden, name == hidden {
+            throw UbiquityError(EPERM, "'\(name)' is reserved in this scope")
+        }
+        if let limit = view.folderLimit, let height = directoryHeight {
+            var depth = 0
+            var current = parent
+            while current != view.root, let up = ns.directoryParent[current], depth < 100_000 {
+                depth += 1
+                current = up
+            }
+            if depth + height > limit {
+                throw UbiquityError(EPERM, "this container allows \(limit == 0 ? "no folders" : "\(limit) folder level(s)") in Documents")
+            }
+        }
+    }
+
+    /// Levels of directories in the subtree of directory `ino` (itself included).
+    func directoryHeight(_ ino: UInt64, in ns: Namespace) -> Int {
+        var height = 1
+        for entry in ns.entries(of: ino).values where ns.node(entry.ino)?.kind == .directory {
+            height = max(height, 1 + directoryHeight(entry.ino, in: ns))
+        }
+        return height
     }
 
     /// Commit to the index and tell the sync engine; the index failing is EIO.
@@ -62,11 +101,13 @@ public final class FileSystem: Sendable {
     // MARK: - Lookup and attributes
 
     public func lookup(parent: UInt64, name: FileName) throws -> EntryReply {
+        let parent = view.swap(parent)
         guard name.count <= Self.nameMax else { throw UbiquityError(ENAMETOOLONG) }
         return try replica.withNamespace { ns in
             guard let dir = ns.node(parent) else { throw UbiquityError(ENOENT) }
             guard dir.kind == .directory else { throw UbiquityError(ENOTDIR) }
-            guard let ino = ns.lookup(parent, name), let node = ns.node(ino) else { throw UbiquityError(ENOENT) }
+            guard let ino = ns.lookup(parent, name), let node = ns.node(ino),
+                  !(parent == view.root && name == view.hidden) else { throw UbiquityError(ENOENT) }
             ns.updateRuntime(ino) { $0.lookups += 1 }
             return entryReply(node)
         }
@@ -74,6 +115,7 @@ public final class FileSystem: Sendable {
 
     /// The kernel forgets `count` references to `ino`.
     public func forget(ino: UInt64, count: UInt64) {
+        let ino = view.swap(ino)
         let dropped = replica.withNamespace { ns -> Bool in
             guard let node = ns.node(ino) else { return false }
             ns.updateRuntime(ino) { $0.lookups = node.lookups >= count ? node.lookups - count : 0 }
@@ -83,9 +125,10 @@ public final class FileSystem: Sendable {
     }
 
     public func getattr(ino: UInt64) throws -> Attributes {
-        try replica.withNamespace { ns in
+        let ino = view.swap(ino)
+        return try replica.withNamespace { ns in
             guard let node = ns.node(ino) else { throw UbiquityError(ENOENT) }
-            return node.attributes
+            return kernelAttributes(node)
         }
     }
 
@@ -93,6 +136,7 @@ public final class FileSystem: Sendable {
     public var entryTimeout: Double { options.entryTimeout }
 
     public func setattr(ino: UInt64, changes: AttributeChanges, handle: UInt64?) throws -> Attributes {
+        let ino = view.swap(ino)
         if let size = changes.size {
             try truncate(ino: ino, size: size, handle: handle)
         }
@@ -116,7 +160,7 @@ public final class FileSystem: Sendable {
                 }
                 n.ctime = changes.ctime ?? now
             }
-            return ns.node(ino)!.attributes
+            return kernelAttributes(ns.node(ino)!)
         }
         try commit()
         return attributes
@@ -150,7 +194,8 @@ public final class FileSystem: Sendable {
     }
 
     public func readlink(ino: UInt64) throws -> String {
-        try replica.withNamespace { ns in
+        let ino = view.swap(ino)
+        return try replica.withNamespace { ns in
             guard let node = ns.node(ino) else { throw UbiquityError(ENOENT) }
             guard node.kind == .symlink, let target = node.target else { throw UbiquityError(EINVAL) }
             return target
@@ -169,6 +214,7 @@ public final class FileSystem: Sendable {
     func makeNode(parent: UInt64, name: FileName, kind: NodeKind, mode: UInt32, caller: Caller,
                   rdev: UInt64 = 0, target: String? = nil, durable: Bool = true) throws -> (node: LocalNode, fd: Int32?) {
         try Self.checkName(name)
+        let parent = view.swap(parent)
         var reserved: UInt64?
         var fd: Int32?
         if kind == .file {
@@ -181,6 +227,7 @@ public final class FileSystem: Sendable {
             node = try replica.withNamespace { ns -> LocalNode in
                 guard let dir = ns.node(parent) else { throw UbiquityError(ENOENT) }
                 guard dir.kind == .directory, !dir.unlinked else { throw UbiquityError(dir.unlinked ? ENOENT : ENOTDIR) }
+                try checkPlacement(parent: parent, name: name, directoryHeight: kind == .directory ? 1 : nil, in: ns)
                 guard ns.lookup(parent, name) == nil else { throw UbiquityError(EEXIST) }
                 var gid = caller.gid
                 var permissions = mode & 0o7777
@@ -233,6 +280,8 @@ public final class FileSystem: Sendable {
     }
 
     public func link(ino: UInt64, newParent: UInt64, newName: FileName) throws -> EntryReply {
+        let ino = view.swap(ino)
+        let newParent = view.swap(newParent)
         try Self.checkName(newName)
         let node = try replica.withNamespace { ns -> LocalNode in
             guard let node = ns.node(ino) else { throw UbiquityError(ENOENT) }
@@ -241,6 +290,7 @@ public final class FileSystem: Sendable {
             guard dir.kind == .directory else { throw UbiquityError(ENOTDIR) }
             guard ns.lookup(newParent, newName) == nil else { throw UbiquityError(EEXIST) }
             guard !node.unlinked else { throw UbiquityError(ENOENT) }
+            try checkPlacement(parent: newParent, name: newName, directoryHeight: nil, in: ns)
             let now = Timespec.now()
             ns.linkEntry(newParent, newName, ino)
             ns.update(ino) { $0.ctime = now }
@@ -255,16 +305,19 @@ public final class FileSystem: Sendable {
     // MARK: - Removing and renaming
 
     public func unlink(parent: UInt64, name: FileName) throws {
+        let parent = view.swap(parent)
         try remove(parent: parent, name: name, directory: false)
     }
 
     public func rmdir(parent: UInt64, name: FileName) throws {
+        let parent = view.swap(parent)
         try remove(parent: parent, name: name, directory: true)
     }
 
     func remove(parent: UInt64, name: FileName, directory: Bool) throws {
         let dropped = try replica.withNamespace { ns -> UInt64? in
-            guard let ino = ns.lookup(parent, name), let node = ns.node(ino) else { throw UbiquityError(ENOENT) }
+            guard let ino = ns.lookup(parent, name), let node = ns.node(ino),
+                  !(parent == view.root && name == view.hidden) else { throw UbiquityError(ENOENT) }
             if directory {
                 guard node.kind == .directory else { throw UbiquityError(ENOTDIR) }
                 guard ns.entries(of: ino).isEmpty else { throw UbiquityError(ENOTEMPTY) }
@@ -283,6 +336,8 @@ public final class FileSystem: Sendable {
 
     public func rename(parent: UInt64, name: FileName, newParent: UInt64, newName: FileName, flags: RenameFlags) throws {
         try Self.checkName(newName)
+        let parent = view.swap(parent)
+        let newParent = view.swap(newParent)
         guard flags.isSubset(of: [.noReplace, .exchange]), flags != [.noReplace, .exchange] else { throw UbiquityError(EINVAL) }
         let dropped = try replica.withNamespace { ns -> UInt64? in
             guard let source = ns.lookup(parent, name), let sourceNode = ns.node(source) else { throw UbiquityError(ENOENT) }
@@ -291,6 +346,9 @@ public final class FileSystem: Sendable {
             if sourceNode.kind == .directory, try isAncestor(source, of: newParent, in: ns) {
                 throw UbiquityError(EINVAL)
             }
+            if parent == view.root && name == view.hidden { throw UbiquityError(ENOENT) }
+            try checkPlacement(parent: newParent, name: newName,
+                               directoryHeight: sourceNode.kind == .directory ? directoryHeight(source, in: ns) : nil, in: ns)
             let now = Timespec.now()
             if flags.contains(.exchange) {
                 guard let target, let targetNode = ns.node(target) else { throw UbiquityError(ENOENT) }

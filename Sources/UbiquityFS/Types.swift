@@ -122,10 +122,35 @@ public protocol SyncHooks: Sendable {
     func statusAttribute(ino: UInt64, name: String) -> Data?
 }
 
+/// What part of the container a mount shows (`mount --scope`).
+///
+/// The kernel's root inode (1) is the view's root; the FS swaps the two
+/// numbers at its boundary, so the container's own root never shows in a
+/// documents view. `hidden` is a name the view leaves out of its root (the
+/// Data scope hides `Documents`); `folderLimit` bounds how deep directories
+/// may go below the root (a container's `supportedFolderLevels`).
+public struct ViewRoot: Sendable {
+    public var root: UInt64
+    public var hidden: FileName?
+    public var folderLimit: Int?
+
+    public init(root: UInt64 = 1, hidden: FileName? = nil, folderLimit: Int? = nil) {
+        self.root = root
+        self.hidden = hidden
+        self.folderLimit = folderLimit
+    }
+
+    /// Kernel inode ↔ replica inode (the same swap both ways).
+    @inline(__always) public func swap(_ ino: UInt64) -> UInt64 {
+        ino == 1 ? root : (ino == root ? 1 : ino)
+    }
+}
+
 public struct FileSystemOptions: Sendable {
     /// Seconds the kernel may cache entries and attributes.
     public var entryTimeout: Double = 5
     public var attributeTimeout: Double = 5
+    public var view = ViewRoot()
     public init() {}
 }
 

@@ -60,11 +60,12 @@ public final class FUSESession: @unchecked Sendable {
     /// are expected and ignored.
     public func invalidate(_ changes: ReplicaChanges) {
         guard let se = session else { return }
+        let fs = context.fs
         for (parent, name) in changes.entries {
-            _ = name.withCString { fuse_lowlevel_notify_inval_entry(se, fuse_ino_t(parent), $0, name.count) }
+            _ = name.withCString { fuse_lowlevel_notify_inval_entry(se, fuse_ino_t(fs.kernelIno(parent)), $0, name.count) }
         }
         for (ino, contentChanged) in changes.nodes {
-            _ = fuse_lowlevel_notify_inval_inode(se, fuse_ino_t(ino), contentChanged ? 0 : -1, 0)
+            _ = fuse_lowlevel_notify_inval_inode(se, fuse_ino_t(fs.kernelIno(ino)), contentChanged ? 0 : -1, 0)
         }
     }
 
