@@ -502,6 +502,22 @@ def test_concurrent_edits_keep_both_as_conflicted_copy(make_device, store_link):
     print(f"doc.txt = {result['doc.txt']!r}; {copy} = {result[copy]!r}")
     eventually(digests_equal(a, b), what="tree_digest equal")
 
+    # The conflict is recorded on the original: versions lists it, resolve keeps the copy's version.
+    assert os.getxattr(A / "doc.txt", "user.ubiquity.conflicts") == b"1"
+    listing = a.cli("versions", str(A / "doc.txt"), timeout=30)
+    assert listing.returncode == 0, listing
+    assert "current" in listing.text and copy in listing.text, listing.text
+    resolved = a.cli("resolve", str(A / "doc.txt"), "--keep", "1", timeout=30)
+    assert resolved.returncode == 0, resolved
+
+    def resolved_everywhere():
+        for dev in (a, b):
+            assert sorted(os.listdir(dev.mountpoint)) == ["doc.txt"], f"{dev.name}: {os.listdir(dev.mountpoint)}"
+            assert read(dev.mountpoint / "doc.txt") == result[copy]
+            assert os.getxattr(dev.mountpoint / "doc.txt", "user.ubiquity.conflicts") == b"0"
+
+    eventually(resolved_everywhere, 20, 0.25, "resolve --keep 1 reaches both devices")
+
 
 # --------------------------------------------------------------------------
 # 5. Offline
