@@ -99,7 +99,13 @@ final class ControlConnection: Sendable {
     @discardableResult
     func send(_ object: [String: Any]) -> Bool {
         guard let data = try? JSONSerialization.data(withJSONObject: object, options: [.sortedKeys]) else { return false }
-        return closed.withLock { isClosed in
+        return sendRaw(data)
+    }
+
+    /// Send text that already is JSON lines (without the final newline).
+    @discardableResult
+    func sendRaw(_ data: Data) -> Bool {
+        closed.withLock { isClosed in
             guard !isClosed else { return false }
             var line = data
             line.append(0x0a)
@@ -142,7 +148,10 @@ enum ControlClient {
 
     /// Send `request`, call `onLine` for every JSON line until the daemon
     /// closes the connection. Throws ECONNREFUSED/ENOENT if nobody listens.
-    static func call(socket path: String, _ request: [String: Any], onLine: ([String: Any]) -> Void) throws {
+    /// `raw`, if given, sees each line first and returns true when it took
+    /// it as is (no JSON parsing: bulk query output is printed verbatim).
+    static func call(socket path: String, _ request: [String: Any], raw: ((Data) -> Bool)? = nil,
+                     onLine: ([String: Any]) -> Void) throws {
         let fd = try syscallRetrying("socket") { socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0) }
         defer { close(fd) }
         var address = try address(path)
@@ -163,6 +172,7 @@ enum ControlClient {
             while let newline = pending.firstIndex(of: 0x0a) {
                 let line = pending[pending.startIndex..<newline]
                 pending.removeSubrange(pending.startIndex...newline)
+                if let raw, raw(Data(line)) { continue }
                 if let object = try? JSONSerialization.jsonObject(with: line) as? [String: Any] { onLine(object) }
             }
         }

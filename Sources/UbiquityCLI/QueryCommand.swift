@@ -23,7 +23,8 @@ struct QueryCommand: ParsableCommand {
     @Option(help: "Folder store of --container when no mount runs (default: the default store).") var store: String?
     @Option(help: "Scope: documents, data or all (repeatable; default all).") var scope: [QueryService.Scope] = []
     @Option(help: "Predicate (default: every item).") var predicate = "TRUEPREDICATE"
-    @Option(help: "Sort keys, comma-separated; a leading - sorts descending (e.g. name,-size).") var sort: String?
+    @Option(parsing: .unconditional, help: "Sort keys, comma-separated; a leading - sorts descending (e.g. name,-size).")
+    var sort: String?
     @Flag(help: "One JSON object per line.") var json = false
     @Flag(help: "Keep running: results, a gathering-finished marker, then updates as they happen.") var watch = false
     @Option(help: "Seconds between update batches with --watch.") var throttle: Double = 1
@@ -78,23 +79,18 @@ struct QueryCommand: ParsableCommand {
                                       "watch": watch, "throttle": throttle]
         if let sort { request["sort"] = sort }
         var rows: [[String: Any]] = []
-        try ControlClient.call(socket: socket, request) { line in
+        // JSON out: result and update lines are printed exactly as the daemon wrote them.
+        let passThrough: ((Data) -> Bool)? = json ? { line in
+            guard line.starts(with: Data("{\"event\":\"".utf8)), !line.starts(with: Data("{\"event\":\"heartbeat".utf8)) else {
+                return false
+            }
+            FileHandle.standardOutput.write(line + Data([0x0a]))
+            return true
+        } : nil
+        try ControlClient.call(socket: socket, request, raw: passThrough) { line in
             if let error = line["error"] as? String { failure = error; return }
             guard let event = line["event"] as? String else { return }
             if event == "heartbeat" { return }
-            if event == "results" {
-                let items = line["items"] as? [[String: Any]] ?? []
-                if json {
-                    var text = ""
-                    for item in items { text += jsonLine(["event": "result", "item": item]) + "\n" }
-                    FileHandle.standardOutput.write(Data(text.utf8))
-                } else if watch {
-                    for item in items { print("result   \(row(item))") }
-                } else {
-                    rows += items
-                }
-                return
-            }
             if json {
                 printJSON(line)
             } else if event == "result" && !watch {

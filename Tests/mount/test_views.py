@@ -81,3 +81,43 @@ def test_status_attributes_are_readable_but_never_listed(make_device):
     with pytest.raises(OSError) as e:
         os.setxattr(path, "user.ubiquity.status", b"x")
     assert e.value.errno == errno.EPERM
+
+
+def test_query_over_a_mount_and_its_watch(make_device):
+    import json
+    import time
+
+    dev = make_device("a")
+    root = dev.mountpoint
+    os.mkdir(root / "Documents")
+    for name, size in [("a.md", 10), ("B.MD", 2000), ("c.txt", 3000), ("big.md", 5000)]:
+        (root / "Documents" / name).write_bytes(b"x" * size)
+
+    def query(*args):
+        res = dev.cli("query", str(root), *args, timeout=30)
+        assert res.returncode == 0, res
+        return [json.loads(line)["item"] for line in res.stdout.splitlines() if line.strip()]
+
+    found = query("--predicate", "name LIKE[c] '*.md' AND size > 1000", "--sort", "-size", "--json")
+    assert [(i["name"], i["size"]) for i in found] == [("big.md", 5000), ("B.MD", 2000)]
+    assert all(i["contentType"] == "text/markdown" and i["downloadingStatus"] == "current" for i in found)
+    assert [i["path"] for i in query("--scope", "documents", "--predicate", "kMDItemFSName BEGINSWITH 'c'", "--json")] \
+        == ["/Documents/c.txt"]
+
+    bad = dev.cli("query", str(root), "--predicate", "size > 'big'", timeout=30)
+    assert bad.returncode != 0 and "column 8" in bad.text, bad
+
+    watch = subprocess.Popen([str(BIN), "query", str(root), "--watch", "--json", "--throttle", "0.2",
+                              "--predicate", "name ENDSWITH '.log'"], env=dev.env(), stdout=subprocess.PIPE, text=True)
+    try:
+        first = json.loads(watch.stdout.readline())
+        assert first["event"] == "gatheringFinished" and first["count"] == 0, first
+        (root / "new.log").write_text("x")
+        added = json.loads(watch.stdout.readline())
+        assert added["event"] == "added" and added["item"]["name"] == "new.log", added
+        os.unlink(root / "new.log")
+        removed = json.loads(watch.stdout.readline())
+        assert removed["event"] == "removed" and removed["item"]["name"] == "new.log", removed
+    finally:
+        watch.terminate()
+        watch.wait(10)
