@@ -10,6 +10,8 @@
 #define FUSE_USE_VERSION 314
 #include <stddef.h>
 #include <fuse_lowlevel.h>
+#include <signal.h>
+#include <string.h>
 
 /* fuse_session_loop_mt is a macro that picks a versioned symbol. */
 static inline int ubq_session_loop_mt(struct fuse_session *se, unsigned max_threads, unsigned idle_threads) {
@@ -19,6 +21,19 @@ static inline int ubq_session_loop_mt(struct fuse_session *se, unsigned max_thre
     int rc = fuse_session_loop_mt(se, cfg);
     fuse_loop_cfg_destroy(cfg);
     return rc;
+}
+
+/* A signal whose handler does nothing, installed without SA_RESTART, so
+ * that sending it to the thread running a session's loop interrupts its
+ * wait: how one session of several is stopped (Swift cannot fill the
+ * sigaction union). */
+static void ubq_wake_noop(int sig) { (void)sig; }
+static inline int ubq_install_wake_signal(int sig) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = ubq_wake_noop;
+    sigemptyset(&sa.sa_mask);
+    return sigaction(sig, &sa, NULL);
 }
 
 /* FUSE_ARGS_INIT is a macro. */

@@ -8,3 +8,25 @@ int ubq_gettid(void) { return (int)syscall(SYS_gettid); }
 int ubq_ioprio_lowest(int tid) { return (int)syscall(SYS_ioprio_set, 1 /* IOPRIO_WHO_PROCESS */, tid, (2 << 13) | 7); }
 int ubq_limit_malloc_arenas(int n) { return mallopt(M_ARENA_MAX, n); }
 int ubq_malloc_trim(void) { return malloc_trim(0); }
+
+#include <signal.h>
+#include <string.h>
+
+static int shutdown_pipe = -1;
+
+static void forward_signal(int sig) {
+    unsigned char byte = (unsigned char)sig;
+    if (shutdown_pipe >= 0) { ssize_t n = write(shutdown_pipe, &byte, 1); (void)n; }
+}
+
+int ubq_forward_shutdown_signals(int fd) {
+    shutdown_pipe = fd;
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = forward_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;
+    if (sigaction(SIGTERM, &sa, NULL) != 0 || sigaction(SIGINT, &sa, NULL) != 0 || sigaction(SIGHUP, &sa, NULL) != 0) return -1;
+    signal(SIGPIPE, SIG_IGN);
+    return 0;
+}

@@ -31,22 +31,28 @@ func absolutePath(_ path: String) -> String {
 
 struct Mount: ParsableCommand {
     static let configuration = CommandConfiguration(
-        abstract: "Mount a container; returns once the mount is ready.",
-        discussion: "Without --store, the folder store in $XDG_DATA_HOME/ubiquityfs/store is used (created on first use).")
+        abstract: "Mount the drive, or one container; returns once the mount is ready.",
+        discussion: """
+            Without --container: the drive view — this device's own container (com.ubiquityfs.default) at the \
+            root, and a folder per container whose Documents scope is public, named by its display name. \
+            With --container: that container, or one --scope of it.
+            Without --store, the folder store in $XDG_DATA_HOME/ubiquityfs/store is used (created on first use).
+            All mounts of one store on this device are served by one daemon.
+            """)
 
     @Argument(help: "An existing, empty directory.") var mountpoint: String
     @Option(help: "Path of a folder store (must exist; an empty folder becomes a new store).") var store: String?
-    @Option(help: "Container ID.") var container: String = Daemon.defaultContainer
+    @Option(help: "Mount this container instead of the drive.") var container: String?
     @Flag(help: "Stay in the foreground and log to stderr.") var foreground = false
     @Option(name: .customShort("o"), help: "Extra FUSE mount options, comma-separated.") var options: [String] = []
     @Option(help: "Seconds between checks of the store for other devices' changes (the folder store also notifies at once through inotify).")
     var pollInterval: Double = 1
-    @Option(help: "Keep at most this much downloaded content (e.g. 500M, 20G); least recently used files are evicted first.")
+    @Option(help: "Keep at most this much downloaded content per container (e.g. 500M, 20G); least recently used files are evicted first.")
     var cacheSize: String?
     @Option(help: "This device's name, used in conflicted-copy names (default: the host name; remembered).")
     var deviceName: String?
-    @Option(help: "What to show: documents (the Documents folder, folder levels enforced), data (all but Documents) or all.")
-    var scope: QueryService.Scope = .all
+    @Option(help: "With --container: documents (the Documents folder, folder levels enforced), data (all but Documents) or all (the default).")
+    var scope: QueryService.Scope?
     @Option(help: .hidden) var notifyFd: Int32?
 
     func validate() throws {
@@ -59,19 +65,27 @@ struct Mount: ParsableCommand {
         if let cacheSize, parseSize(cacheSize) == nil {
             throw ValidationError("--cache-size: '\(cacheSize)' is not a size (examples: 500M, 20G, 1048576)")
         }
+        if scope != nil && container == nil {
+            throw ValidationError("--scope needs --container (the drive shows each public container's Documents)")
+        }
     }
 
     func run() throws {
-        let request = MountRequest(mountpoint: absolutePath(mountpoint), storePath: store.map(absolutePath),
-                                   container: container,
-                                   fuseOptions: options.flatMap { $0.split(separator: ",").map(String.init) },
-                                   foreground: foreground || notifyFd != nil, pollInterval: pollInterval,
-                                   cacheLimit: cacheSize.flatMap(parseSize), deviceName: deviceName, scope: scope,
-                                   notifyFD: notifyFd)
-        if request.foreground {
+        let request = MountRequest(mountpoint: absolutePath(mountpoint), container: container, scope: scope ?? .all,
+                                   fuseOptions: options.flatMap { $0.split(separator: ",").map(String.init) })
+        let settings = DaemonSettings(storePath: store.map(absolutePath), foreground: foreground || notifyFd != nil,
+                                      pollInterval: pollInterval, cacheLimit: cacheSize.flatMap(parseSize),
+                                      deviceName: deviceName, notifyFD: notifyFd)
+        let locations = Locations()
+        let storeKey = settings.storePath ?? locations.defaultStore.path
+        let what = container.map { "\($0)\(scope.map { " (\($0.rawValue) scope)" } ?? "")" } ?? "the drive"
+        if settings.foreground {
             do {
+                if notifyFd == nil, let pid = try join(request, settings: settings, socket: locations.daemonSocket(store: storeKey).path, probeOnly: true) {
+                    throw UbiquityError(EBUSY, "a daemon (pid \(pid)) already serves this store on this device; mount without --foreground to add to it")
+                }
                 chdir("/")
-                try Daemon(request: request).run()
+                try Daemon(settings: settings).run(first: request)
             } catch {
                 if let fd = notifyFd { Daemon.notify(fd, "error \(UbiquityError.wrap(error))") }
                 fail(error)
@@ -81,10 +95,23 @@ struct Mount: ParsableCommand {
         // Check what can be checked before starting a daemon, for a clear message.
         do { _ = try Daemon.validateMountpoint(request.mountpoint) } catch { fail(error) }
         do {
-            let (pid, message) = try spawnDaemon(request)
+            // One `mount` at a time finds or starts the store's daemon.
+            let lockPath = locations.daemonLock(store: storeKey).path
+            try? FileManager.default.createDirectory(at: locations.runtimeDirectory, withIntermediateDirectories: true,
+                                                     attributes: [.posixPermissions: 0o700])
+            let lock = open(lockPath, O_RDWR | O_CREAT | O_CLOEXEC, 0o600)
+            guard lock >= 0 else { throw UbiquityError.posix("open \(lockPath)") }
+            defer { close(lock) }
+            while flock(lock, LOCK_EX) != 0 && errno == EINTR {}
+            let socket = locations.daemonSocket(store: storeKey).path
+            if let pid = try join(request, settings: settings, socket: socket, probeOnly: false) {
+                print("Mounted \(what) at \(request.mountpoint) (daemon pid \(pid))")
+                return
+            }
+            let (pid, message) = try spawnDaemon(request, settings)
             if message.hasPrefix("ready") {
                 let log = message.components(separatedBy: " log ").last ?? ""
-                print("Mounted \(request.container) at \(request.mountpoint) (daemon pid \(pid); log: \(log))")
+                print("Mounted \(what) at \(request.mountpoint) (daemon pid \(pid); log: \(log))")
             } else {
                 fail(UbiquityError(EIO, message.hasPrefix("error ") ? String(message.dropFirst(6)) : message))
             }
@@ -93,9 +120,34 @@ struct Mount: ParsableCommand {
         }
     }
 
+    /// Ask the store's running daemon to add this mount. Returns its pid, or
+    /// nil if no daemon runs (or it is stopping: then wait for it to go).
+    /// `probeOnly`: only find out whether one runs.
+    func join(_ request: MountRequest, settings: DaemonSettings, socket: String, probeOnly: Bool) throws -> Int? {
+        var message: [String: Any] = ["command": probeOnly ? "ping" : "mount", "mountpoint": request.mountpoint,
+                                      "scope": request.scope.rawValue, "fuseOptions": request.fuseOptions]
+        if let container = request.container { message["container"] = container }
+        if let name = settings.deviceName { message["deviceName"] = name }
+        for _ in 0..<100 {
+            var answer: [String: Any] = [:]
+            do {
+                try ControlClient.call(socket: socket, message) { answer = $0 }
+            } catch let error as UbiquityError where [ENOENT, ECONNREFUSED].contains(error.errno) {
+                return nil
+            }
+            if answer.isEmpty { usleep(100_000); continue }   // it is exiting
+            if probeOnly { return answer["pid"] as? Int ?? 0 }
+            if let pid = answer["pid"] as? Int, answer["ready"] != nil { return pid }
+            let error = answer["error"] as? String ?? "no answer"
+            if error.contains("stopping") { usleep(100_000); continue }
+            throw UbiquityError(EIO, error)
+        }
+        throw UbiquityError(ETIMEDOUT, "the daemon at \(socket) neither answers nor exits")
+    }
+
     /// Start `ubiquityfs mount … --notify-fd 3` in its own session and wait
     /// for its first line: "ready pid N …" or "error MESSAGE".
-    func spawnDaemon(_ request: MountRequest) throws -> (pid: pid_t, message: String) {
+    func spawnDaemon(_ request: MountRequest, _ settings: DaemonSettings) throws -> (pid: pid_t, message: String) {
         // Close-on-exec pipe: only the dup2'ed copy (fd 3) reaches the daemon,
         // so the parent sees EOF as soon as the daemon closes it.
         var fds: [Int32] = [0, 0]
@@ -108,12 +160,11 @@ struct Mount: ParsableCommand {
             fds[1] = moved
         }
         let exe = (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe")) ?? CommandLine.arguments[0]
-        var arguments = [exe, "mount", request.mountpoint, "--container", request.container, "--notify-fd", "3",
-                         "--poll-interval", String(request.pollInterval)]
-        if let store = request.storePath { arguments += ["--store", store] }
-        if let limit = request.cacheLimit { arguments += ["--cache-size", String(limit)] }
-        if let name = request.deviceName { arguments += ["--device-name", name] }
-        arguments += ["--scope", request.scope.rawValue]
+        var arguments = [exe, "mount", request.mountpoint, "--notify-fd", "3", "--poll-interval", String(settings.pollInterval)]
+        if let container = request.container { arguments += ["--container", container, "--scope", request.scope.rawValue] }
+        if let store = settings.storePath { arguments += ["--store", store] }
+        if let limit = settings.cacheLimit { arguments += ["--cache-size", String(limit)] }
+        if let name = settings.deviceName { arguments += ["--device-name", name] }
         if !request.fuseOptions.isEmpty { arguments += ["-o", request.fuseOptions.joined(separator: ",")] }
 
         var actions = posix_spawn_file_actions_t()
@@ -233,9 +284,14 @@ struct Status: ParsableCommand {
             }
             if index > 0 { print() }
             func bytes(_ key: String) -> String { formatBytes(UInt64(status[key] as? Int ?? 0)) }
-            print("Mount:        \(path) (container \(status["container"] ?? "?"), daemon pid \(status["pid"] ?? "?"))")
+            let view = status["view"] as? String == "drive" ? "the drive" : "container \(status["container"] ?? "?"), \(status["scope"] ?? "all") scope"
+            print("Mount:        \(path) (\(view), daemon pid \(status["pid"] ?? "?"))")
             print("Store:        \((status["storeReachable"] as? Bool ?? false) ? "reachable" : "UNREACHABLE (working offline; changes are queued)")")
             print("Items:        \(status["items"] ?? 0) (Documents scope \(status["documentsItems"] ?? 0), Data scope \(status["dataItems"] ?? 0))")
+            for container in status["containers"] as? [[String: Any]] ?? [] {
+                let folder = (container["folder"] as? String).map { " in \($0 == "/" ? "the root" : "folder \"\($0)\"")" } ?? ""
+                print("  \(container["id"] ?? "?")\(folder): \(container["items"] ?? 0) items (Documents \(container["documentsItems"] ?? 0), Data \(container["dataItems"] ?? 0)), \(container["pendingItems"] ?? 0) to upload, \(container["downloadingItems"] ?? 0) downloading")
+            }
             print("Uploads:      \(status["pendingItems"] ?? 0) items, \(bytes("pendingBytes")) pending")
             print("Downloads:    \(status["downloadingItems"] ?? 0) items, \(bytes("downloadingBytes")) to go")
             let limit = status["cacheLimitBytes"].map { " of \(formatBytes(UInt64($0 as? Int ?? 0)))" } ?? ""

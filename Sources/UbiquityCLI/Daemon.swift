@@ -10,42 +10,73 @@ import UbiquitySync
 import Glibc
 #endif
 
-/// What `mount` needs, after argument parsing.
+/// What `mount` asks for, after argument parsing.
 struct MountRequest: Sendable {
     var mountpoint: String
+    /// nil: the drive view.
+    var container: String?
+    var scope: QueryService.Scope = .all
+    var fuseOptions: [String] = []
+}
+
+/// What the daemon process runs with (from the `mount` that started it).
+struct DaemonSettings: Sendable {
     var storePath: String?
-    var container: String
-    var fuseOptions: [String]
-    var foreground: Bool
+    var foreground = false
     /// Seconds between journal polls (the folder store also wakes the puller through inotify).
-    var pollInterval: Double
-    /// Bytes of downloaded content to keep at most.
+    var pollInterval: Double = 1
+    /// Bytes of downloaded content to keep at most, per container.
     var cacheLimit: UInt64?
     /// This device's name (shown in conflicted-copy names); default: the host name.
     var deviceName: String?
-    /// What part of the container the mount shows.
-    var scope: QueryService.Scope = .all
     /// Write "ready"/"error" here (the background parent waits on it).
     var notifyFD: Int32?
 }
 
-/// One mounted container: opens the store and the replica, mounts FUSE,
-/// serves the control socket, runs the sync engine, and shuts all of it
-/// down in order when the filesystem is unmounted or a signal arrives.
+/// The daemon: one process per device (data home) and store, serving every
+/// mount of that store on this device. A `mount` finds it through its
+/// socket (`Locations.daemonSocket`) and asks it to add a mountpoint; the
+/// first `mount` starts it. It exits when its last mount is gone.
+///
+/// It keeps one `ContainerHost` (replica + sync engine) per container in
+/// use, however many mounts show it: a drive and a `--scope data` mount of
+/// one container share its replica, which has room for one daemon only
+/// (its lock).
+///
+/// Threads: each mount's FUSE loop has its own (`MountHost.serve`); one
+/// thread turns SIGTERM/SIGINT/SIGHUP into stopping every mount; one
+/// refreshes the drives' folders from the store's container list.
+/// Lock order: `opening` (held while a container opens or closes) before
+/// `state`; neither is held while serving a request.
 final class Daemon: @unchecked Sendable {
     static let defaultContainer = "com.ubiquityfs.default"
 
-    let request: MountRequest
+    let settings: DaemonSettings
     let locations = Locations()
     var logger = Logger(label: "ubiquityfs")
-    /// A client waiting for the unmount to finish (told when everything is pushed).
-    let unmountWaiter = Mutex<ControlConnection?>(nil)
-    /// Why the store could not be reached at mount time (the mount then starts offline).
+    var device = DeviceIdentity(id: "", name: "")
+    var store: FolderStore!
+    /// The store as the sync engines use it (with injected faults in tests).
+    var syncStore: (any Store)!
+    /// Why the store could not be reached at start (the mounts then start offline).
     var offlineReason: String?
+    var logPath = ""
 
-    init(request: MountRequest) {
-        self.request = request
+    struct State {
+        var containers: [String: ContainerHost] = [:]
+        var mounts: [String: MountHost] = [:]
+        /// Set when the last mount ended: new mounts go to a new daemon.
+        var stopping = false
     }
+    let state = Mutex(State())
+    let opening = Mutex(())
+    let everyMountEnded = DispatchSemaphore(value: 0)
+
+    init(settings: DaemonSettings) {
+        self.settings = settings
+    }
+
+    var storePath: String { store.root.path }
 
     /// Check the mountpoint: exists, is a directory, is empty, is not mounted.
     static func validateMountpoint(_ path: String) throws -> String {
@@ -69,8 +100,8 @@ final class Daemon: @unchecked Sendable {
     /// one must exist, and an empty folder becomes a store only if this
     /// device has never used a store there.
     func openStore() throws -> FolderStore {
-        let isDefault = request.storePath == nil
-        let path = request.storePath.map { URL(fileURLWithPath: $0).standardizedFileURL } ?? locations.defaultStore
+        let isDefault = settings.storePath == nil
+        let path = settings.storePath.map { URL(fileURLWithPath: $0).standardizedFileURL } ?? locations.defaultStore
         let knownFile = locations.dataHome.appendingPathComponent("known-stores")
             .appendingPathComponent(ContentCopy.hash(of: Data(path.path.utf8)))
         let knownID = (try? String(contentsOf: knownFile, encoding: .utf8))?.trimmingCharacters(in: .whitespacesAndNewlines)
@@ -91,300 +122,283 @@ final class Daemon: @unchecked Sendable {
         return store
     }
 
-    /// Run until unmounted. Calls `ready` once the mount is usable.
-    func run() throws {
-        // Few malloc arenas: 16 FUSE threads must not each keep their own heap.
+    /// Serve `first`, then every mount that joins, until the last one ends.
+    func run(first: MountRequest) throws {
+        // Few malloc arenas: 16 FUSE threads per mount must not each keep their own heap.
         LinuxCalls.limitMallocArenas(2)
-        let mountpoint = try Self.validateMountpoint(request.mountpoint)
-        try ContainerConfig.validate(id: request.container)
-        let device = try DeviceIdentity.load(dataHome: locations.dataHome, name: request.deviceName)
-        let store = try openStore()
-        let replicaDir = locations.replica(storeID: store.storeID, container: request.container)
-        if offlineReason == nil, try store.containerConfig(request.container) == nil {
-            do {
-                try store.createContainer(ContainerConfig(id: request.container,
-                                                          displayName: request.container == Self.defaultContainer ? "Documents" : request.container))
-            } catch let error as UbiquityError where error.errno == EEXIST {}   // another device created it just now
-        } else if let offlineReason, !FileManager.default.fileExists(atPath: replicaDir.appendingPathComponent("index.sqlite").path) {
-            throw UbiquityError(EHOSTDOWN, "\(offlineReason); this device has no replica of \(request.container) to work offline with")
-        }
-        let replica = try Replica(directory: replicaDir, rootOwner: (getuid(), getgid()))
+        _ = try Self.validateMountpoint(first.mountpoint)
+        device = try DeviceIdentity.load(dataHome: locations.dataHome, name: settings.deviceName)
+        store = try openStore()
+        syncStore = Self.withInjectedFaults(store)
 
-        // Logs: the replica's daemon.log, plus stderr in the foreground.
-        let logPath = replicaDir.appendingPathComponent("daemon.log").path
+        // Logs: the store's daemon.log, plus stderr in the foreground.
+        let logDirectory = locations.dataHome.appendingPathComponent("replicas").appendingPathComponent(store.storeID)
+        try? FileManager.default.createDirectory(at: logDirectory, withIntermediateDirectories: true)
+        logPath = logDirectory.appendingPathComponent("daemon.log").path
         let logFD = open(logPath, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0o600)
         var descriptors: [Int32] = logFD >= 0 ? [logFD] : []
-        if request.foreground && request.notifyFD == nil { descriptors.append(STDERR_FILENO) }
-        if request.notifyFD != nil, logFD >= 0 { dup2(logFD, STDERR_FILENO) }   // crash reports land in the log
+        if settings.foreground && settings.notifyFD == nil { descriptors.append(STDERR_FILENO) }
+        if settings.notifyFD != nil, logFD >= 0 { dup2(logFD, STDERR_FILENO) }   // crash reports land in the log
         LogSetup.bootstrap(descriptors: descriptors, level: ProcessInfo.processInfo.environment["UBIQUITYFS_DEBUG"] != nil ? .debug : .info)
         logger = Logger(label: "ubiquityfs")
-        logger.info("mounting \(request.container) of store \(store.root.path) at \(mountpoint) (device \(device.name) \(device.id))")
+        logger.info("daemon \(getpid()) for store \(store.root.path) (device \(device.name) \(device.id))")
         if let offlineReason { logger.warning("the store is unreachable (\(offlineReason)); working offline, changes are queued") }
 
-        let engine = SyncEngine(replica: replica, store: Self.withInjectedFaults(store), container: request.container, device: device,
-                                logger: logger, cacheLimit: request.cacheLimit)
-        do {
-            let changed = try engine.pull()
-            logger.info("caught up with the store: \(changed.count) changes applied")
-        } catch {
-            logger.warning("could not catch up with the store, serving the local replica: \(error)")
-            engine.record(error: error)
+        try forwardSignals()
+        let socketPath = locations.daemonSocket(store: storeKeyPath).path
+        let server = try ControlServer(path: socketPath, logger: logger) { [self] req, connection in
+            handleDaemonRequest(req, connection)
         }
-        var options = FileSystemOptions()
-        options.view = try viewRoot(replica: replica, engine: engine, store: store)
-        let fileSystem = FileSystem(replica: replica, hooks: engine, options: options)
-        let session = FUSESession(fileSystem: fileSystem, mountpoint: mountpoint, logger: logger)
-        var mountOptions = ["default_permissions", "fsname=ubiquityfs", "subtype=ubiquityfs"]
-        if geteuid() == 0 { mountOptions.append("allow_other") }
-        mountOptions += request.fuseOptions
-        try session.mount(options: mountOptions)
-
-        let socketPath = locations.controlSocket(mountpoint: mountpoint).path
-        let control: ControlServer
         do {
-            control = try ControlServer(path: socketPath, logger: logger) { [self] req, connection in
-                handleControl(req, connection, engine: engine, replica: replica, mountpoint: mountpoint)
-            }
+            try mount(first)
         } catch {
-            session.close()
+            server.stop()
             throw error
         }
-        control.start()
-        engine.start(pollInterval: request.pollInterval, observer: session)
-        logger.info("mounted at \(mountpoint)")
-        if let fd = request.notifyFD {
+        server.start()
+        startDriveRefresher()
+        if let fd = settings.notifyFD {
             Self.notify(fd, "ready pid \(getpid()) log \(logPath)")
             let devNull = open("/dev/null", O_RDWR)
             dup2(devNull, STDIN_FILENO)
             dup2(devNull, STDOUT_FILENO)
             close(devNull)
         }
-
-        let status = session.run()
-        logger.info("FUSE loop ended (status \(status)); shutting down")
-        session.close()
-        control.stop()
-        engine.stop()
-        // A waiting `ubiquityfs unmount` asked for everything to be pushed.
-        let waiter = unmountWaiter.withLock { $0 }
-        var answer: [String: Any] = ["ok": true]
-        if let waiter {
-            do {
-                try engine.drain(progress: { items, bytes in
-                    waiter.send(["progress": ["items": items, "bytes": bytes]])
-                })
-            } catch {
-                answer = ["error": "\(error)"]
-            }
-        }
-        try? replica.persist()
-        let pending = replica.withNamespace { ns in ns.pendingSummary() }
-        logger.info("stopped; \(pending.items) items (\(pending.bytes) bytes) left in the queue for the next mount")
-        // The replica is free before `unmount` returns: mounting again at once works.
-        replica.releaseLock()
-        waiter?.send(answer)
-        waiter?.close(force: true)
+        everyMountEnded.wait()
+        server.stop()
+        logger.info("daemon \(getpid()) stopped: no mount left")
     }
 
-    func handleControl(_ req: [String: Any], _ connection: ControlConnection, engine: SyncEngine,
-                       replica: Replica, mountpoint: String) {
+    /// The store path as `mount` names it (the daemon's socket is keyed on it).
+    var storeKeyPath: String { settings.storePath ?? locations.defaultStore.path }
+
+    /// `mount` of a daemon already running: add the mountpoint.
+    func handleDaemonRequest(_ req: [String: Any], _ connection: ControlConnection) {
         defer { connection.close() }
-        let paths = (req["paths"] as? [[String]] ?? []).map { $0.map { FileName($0) } }
         switch req["command"] as? String {
-        case "status":
-            connection.send(["status": statusReport(engine: engine, replica: replica, mountpoint: mountpoint)])
-        case "download":
-            contentCommand(paths, connection, replica) { inos in
-                try downloadAll(inos, recursive: req["recursive"] as? Bool ?? false, engine: engine, replica: replica,
-                                connection: connection)
-            }
-        case "evict":
-            contentCommand(paths, connection, replica) { inos in
-                var evicted = 0
-                var refused: [String] = []
-                for ino in inos {
-                    for file in replica.withNamespace({ ns in ns.files(under: ino) }) {
-                        do {
-                            if try engine.evict(ino: file) { evicted += 1 }
-                        } catch {
-                            let path = replica.withNamespace { ns in ns.path(of: file) } ?? "inode \(file)"
-                            refused.append("\(path): \(UbiquityError.wrap(error))")
-                        }
-                    }
-                }
-                if !refused.isEmpty { throw UbiquityError(EBUSY, "not evicted: " + refused.joined(separator: "; ")) }
-                connection.send(["done": ["evicted": evicted]])
-            }
-        case "pin", "unpin":
-            let pin = req["command"] as? String == "pin"
-            contentCommand(paths, connection, replica) { inos in
-                for ino in inos { try engine.setPinned(ino: ino, pin) }
-                connection.send(["done": ["items": inos.count]])
-            }
-        case "query":
-            QueryService.serve(req, connection: connection, engine: engine)
-        case "versions":
-            contentCommand(paths, connection, replica) { inos in
-                for ino in inos {
-                    let list = try engine.versions(ino: ino).map { v -> [String: Any] in
-                        ["label": v.label, "path": v.path, "device": v.device, "size": v.size,
-                         "modified": isoDate( Date(timeIntervalSince1970: Double(v.modified.sec)))]
-                    }
-                    connection.send(["versions": list])
-                }
-            }
-        case "resolve":
-            contentCommand(paths, connection, replica) { inos in
-                let keep = req["keep"] as? String ?? ""
-                let choice: ConflictChoice
-                switch keep {
-                case "current": choice = .current
-                case "both": choice = .both
-                default:
-                    guard let number = Int(keep) else {
-                        throw UbiquityError(EINVAL, "--keep takes current, both, or a version number from `ubiquityfs versions`")
-                    }
-                    choice = .version(number)
-                }
-                for ino in inos { try engine.resolve(ino: ino, keep: choice) }
-            }
-        case "unmount":
-            let clientAlive = Mutex(true)
-            do {
-                try engine.drain(progress: { items, bytes in
-                    if !connection.send(["progress": ["items": items, "bytes": bytes]]) { clientAlive.withLock { $0 = false } }
-                }, shouldContinue: { clientAlive.withLock { $0 } })
-                guard clientAlive.withLock({ $0 }) else { return }
-                // Anything still pending is held open for writing: the unmount below reports EBUSY.
-                unmountWaiter.withLock { $0 = connection }
-                try Unmounter.unmount(mountpoint, lazy: false)
-                // The FUSE loop ends now; `run` finishes the queue, answers and closes.
-                connection.keepOpen()
-            } catch let error as UbiquityError where error.errno == EBUSY {
-                unmountWaiter.withLock { $0 = nil }
-                connection.send(["error": "\(error)"])
-            } catch {
-                unmountWaiter.withLock { $0 = nil }
-                let pending = replica.withNamespace { ns in ns.pendingSummary() }
-                connection.send(["error": "cannot push to the store (\(UbiquityError.wrap(error))); \(pending.items) items stay queued. `ubiquityfs unmount --force` detaches now and keeps them for the next mount"])
-            }
+        case "mount": break
+        case "ping":
+            connection.send(["ok": true, "pid": Int(getpid())])
+            return
         default:
             connection.send(["error": "unknown command"])
+            return
         }
-    }
-
-    /// Resolve `paths` (relative to the mount) and run `body` on their inodes;
-    /// errors become the reply.
-    func contentCommand(_ paths: [[FileName]], _ connection: ControlConnection, _ replica: Replica,
-                        _ body: ([UInt64]) throws -> Void) {
+        if let name = req["deviceName"] as? String, name != device.name {
+            connection.send(["error": "this device's daemon (pid \(getpid())) runs as device '\(device.name)'; unmount its mounts to rename the device"])
+            return
+        }
+        let request = MountRequest(mountpoint: req["mountpoint"] as? String ?? "", container: req["container"] as? String,
+                                   scope: (req["scope"] as? String).flatMap(QueryService.Scope.init(rawValue:)) ?? .all,
+                                   fuseOptions: req["fuseOptions"] as? [String] ?? [])
         do {
-            let inos = try paths.map { path -> UInt64 in
-                guard let ino = replica.withNamespace({ ns in ns.resolve(path) }) else {
-                    throw UbiquityError(ENOENT, "/\(path.map(\.description).joined(separator: "/")): no such item")
-                }
-                return ino
-            }
-            try body(inos)
-            connection.send(["ok": true])
+            try mount(request)
+            connection.send(["ready": true, "pid": Int(getpid()), "log": logPath])
         } catch {
             connection.send(["error": "\(UbiquityError.wrap(error))"])
         }
     }
 
-    /// Download every placeholder file named (directories: with `recursive`),
-    /// a few at a time, reporting progress.
-    func downloadAll(_ inos: [UInt64], recursive: Bool, engine: SyncEngine, replica: Replica,
-                     connection: ControlConnection) throws {
-        var files: [UInt64] = []
-        for ino in inos {
-            let isDirectory = replica.withNamespace { ns in ns.node(ino)?.kind == .directory }
-            if isDirectory && !recursive {
-                throw UbiquityError(EISDIR, "\(replica.withNamespace { ns in ns.path(of: ino) } ?? "item") is a folder: use --recursive")
-            }
-            files += replica.withNamespace { ns in ns.files(under: ino).filter { ns.node($0)?.isPlaceholder == true } }
+    // MARK: - Mounts
+
+    func mount(_ request: MountRequest) throws {
+        let mountpoint = try Self.validateMountpoint(request.mountpoint)
+        try state.withLock { s in
+            if s.stopping { throw UbiquityError(EAGAIN, "the daemon is stopping; try again") }
+            if s.mounts[mountpoint] != nil { throw UbiquityError(EBUSY, "\(mountpoint) is already mounted") }
         }
-        let sizes = replica.withNamespace { ns in files.map { ns.node($0)?.hashSize ?? 0 } }
-        let versions = replica.withNamespace { ns in files.map { ns.node($0)?.hash } }
-        let totalBytes = sizes.reduce(0, +)
-        var doneBytes: UInt64 = 0
-        var failures: [String] = []
-        var index = 0
-        let wave = 4
-        while index < files.count {
-            let batch = Array(files[index..<min(files.count, index + wave)])
-            for file in batch { engine.startDownload(ino: file) }
-            for (offset, file) in batch.enumerated() {
-                let size = sizes[index + offset]
-                var waited = false
-                while !waited {
-                    do {
-                        try engine.waitForContent(ino: file, version: versions[index + offset], upTo: size)
-                        waited = true
-                    } catch {
-                        failures.append("\(replica.withNamespace { ns in ns.path(of: file) } ?? "inode \(file)"): \(UbiquityError.wrap(error))")
-                        waited = true
-                    }
+        let host: MountHost
+        if let id = request.container {
+            let container = try openContainer(id, create: true)
+            do {
+                let levels = containerConfigs()[id]?.supportedFolderLevels ?? .any
+                let view = try container.view(request.scope, folderLevels: levels)
+                host = MountHost(mountpoint: mountpoint, kind: .container(id: id, scope: request.scope), fileSystem: view,
+                                 containers: [container], daemon: self)
+                container.addViewer(host.session) { view.kernelIno($0) }
+            } catch {
+                try? release([container], drain: nil)
+                throw error
+            }
+        } else {
+            let home = try openContainer(Self.defaultContainer, create: true)
+            do {
+                let view = try home.view(.all, folderLevels: .any)
+                let drive = DriveFileSystem(home: view)
+                host = MountHost(mountpoint: mountpoint, kind: .drive(drive), fileSystem: drive, containers: [home], daemon: self)
+                home.addViewer(host.session) { view.kernelIno($0) }
+            } catch {
+                try? release([home], drain: nil)
+                throw error
+            }
+            refreshDrive(host)
+        }
+        do {
+            try host.start(fuseOptions: request.fuseOptions)
+        } catch {
+            let hosts = host.containers.withLock { $0 }
+            for container in hosts { container.removeViewer(host.session) }
+            try? release(hosts, drain: nil)
+            throw error
+        }
+        state.withLock { $0.mounts[mountpoint] = host }
+    }
+
+    /// A mount's FUSE loop has ended and its containers are let go.
+    func mountEnded(_ host: MountHost) {
+        let last = state.withLock { s -> Bool in
+            s.mounts[host.mountpoint] = nil
+            if s.mounts.isEmpty { s.stopping = true }
+            return s.mounts.isEmpty
+        }
+        if last { everyMountEnded.signal() }
+    }
+
+    /// Stop every mount (a signal arrived): each loop ends and unmounts.
+    func stopAll(reason: String) {
+        let mounts = state.withLock { Array($0.mounts.values) }
+        logger.info("\(reason): stopping \(mounts.count) mount(s)")
+        for mount in mounts { mount.session.stop() }
+    }
+
+    func forwardSignals() throws {
+        var fds: [Int32] = [0, 0]
+        guard pipe(&fds) == 0 else { throw UbiquityError.posix("pipe") }
+        _ = fcntl(fds[0], F_SETFD, FD_CLOEXEC)
+        _ = fcntl(fds[1], F_SETFD, FD_CLOEXEC)
+        guard LinuxCalls.forwardShutdownSignals(to: fds[1]) else { throw UbiquityError.posix("sigaction") }
+        let reader = fds[0]
+        let thread = Thread { [self] in
+            var byte: UInt8 = 0
+            while true {
+                let n = read(reader, &byte, 1)
+                if n < 0 && errno == EINTR { continue }
+                if n <= 0 { return }
+                stopAll(reason: "signal \(byte)")
+            }
+        }
+        thread.name = "ubiquityfs-signals"
+        thread.start()
+    }
+
+    // MARK: - Containers
+
+    /// The container's host, opened (replica, catch-up pull, sync engine) if
+    /// no mount uses it yet; counts one more user. `create`: a container the
+    /// store does not have is created (named after its ID).
+    func openContainer(_ id: String, create: Bool) throws -> ContainerHost {
+        try opening.withLock { _ in
+            if let host = state.withLock({ $0.containers[id] }) {
+                host.users.withLock { $0 += 1 }
+                return host
+            }
+            try ContainerConfig.validate(id: id)
+            let replicaDir = locations.replica(storeID: store.storeID, container: id)
+            if offlineReason == nil, try store.containerConfig(id) == nil {
+                guard create else { throw UbiquityError(ENOENT, "the store has no container \(id)") }
+                do {
+                    try store.createContainer(ContainerConfig(id: id, displayName: id == Self.defaultContainer ? "Documents" : id))
+                } catch let error as UbiquityError where error.errno == EEXIST {}   // another device created it just now
+            } else if let offlineReason, !FileManager.default.fileExists(atPath: replicaDir.appendingPathComponent("index.sqlite").path) {
+                throw UbiquityError(EHOSTDOWN, "\(offlineReason); this device has no replica of \(id) to work offline with")
+            }
+            let replica = try Replica(directory: replicaDir, rootOwner: (getuid(), getgid()))
+            let engine = SyncEngine(replica: replica, store: syncStore, container: id, device: device,
+                                    logger: logger, cacheLimit: settings.cacheLimit)
+            do {
+                let changed = try engine.pull()
+                logger.info("\(id): caught up with the store, \(changed.count) changes applied")
+            } catch {
+                logger.warning("\(id): could not catch up with the store, serving the local replica: \(error)")
+                engine.record(error: error)
+            }
+            let host = ContainerHost(id: id, replica: replica, engine: engine)
+            host.users.withLock { $0 = 1 }
+            engine.start(pollInterval: settings.pollInterval, observer: host)
+            state.withLock { $0.containers[id] = host }
+            return host
+        }
+    }
+
+    /// Each of `hosts` loses a user; one left with none is closed: its engine
+    /// stops, its replica is committed and unlocked (so mounting it again at
+    /// once works). With `drain`, everything pending is pushed first.
+    func release(_ hosts: [ContainerHost], drain: ((Int, UInt64) -> Void)?) throws {
+        var failure: (any Error)?
+        opening.withLock { _ in
+            for host in hosts {
+                let unused = host.users.withLock { users -> Bool in
+                    users -= 1
+                    return users <= 0
                 }
-                doneBytes += size
-                connection.send(["progress": ["items": index + offset + 1, "total": files.count,
-                                              "bytes": doneBytes, "totalBytes": totalBytes]])
+                if unused {
+                    state.withLock { _ = $0.containers.removeValue(forKey: host.id) }
+                    host.engine.stop()
+                }
+                if let drain {
+                    do { _ = try host.engine.drain(progress: drain) } catch { failure = failure ?? error }
+                }
+                if unused {
+                    try? host.replica.persist()
+                    let pending = host.replica.withNamespace { ns in ns.pendingSummary() }
+                    logger.info("\(host.id) closed; \(pending.items) items (\(pending.bytes) bytes) left in the queue for the next mount")
+                    host.replica.releaseLock()
+                }
             }
-            index += batch.count
         }
-        if !failures.isEmpty { throw UbiquityError(EIO, "not downloaded: " + failures.joined(separator: "; ")) }
+        if let failure { throw failure }
     }
 
-    func statusReport(engine: SyncEngine, replica: Replica, mountpoint: String) -> [String: Any] {
-        let paths = engine.items().map(\.path)
-        let documents = paths.filter { QueryService.inScopes($0, [.documents]) }.count
-        let pending = replica.withNamespace { ns in ns.pendingSummary() }
-        let downloads = engine.downloadSummary()
-        let s = engine.currentStatus
-        var out: [String: Any] = [
-            "pid": Int(getpid()), "mountpoint": mountpoint, "container": request.container,
-            "store": engine.storePath, "dataHome": locations.dataHome.path, "items": paths.count, "documentsItems": documents, "dataItems": paths.count - documents,
-            "pendingItems": pending.items, "pendingBytes": pending.bytes,
-            "downloadingItems": downloads.items, "downloadingBytes": downloads.bytes,
-            "cachedBytes": engine.cacheUsage(), "storeReachable": s.storeReachable,
-            "pushedChangeSets": s.pushedChangeSets,
-            "recentErrors": s.recentErrors.map { ["date": isoDate( $0.date), "message": $0.message] },
-        ]
-        if let limit = engine.cacheLimit { out["cacheLimitBytes"] = limit }
-        if let d = s.lastSync { out["lastSync"] = isoDate( d) }
-        return out
+    // MARK: - The drive's folders
+
+    /// The store's containers by ID; when the store cannot be read, the list
+    /// last seen (kept beside the replicas), so a drive works offline.
+    func containerConfigs() -> [String: ContainerConfig] {
+        let cache = locations.dataHome.appendingPathComponent("replicas").appendingPathComponent(store.storeID)
+            .appendingPathComponent("containers.json")
+        if offlineReason == nil, let list = try? store.containers() {
+            if let data = try? JSONEncoder().encode(list), data != FileManager.default.contents(atPath: cache.path) {
+                try? data.write(to: cache, options: .atomic)
+            }
+            return Dictionary(list.map { ($0.id, $0) }, uniquingKeysWith: { a, _ in a })
+        }
+        let list = (try? JSONDecoder().decode([ContainerConfig].self, from: Data(contentsOf: cache))) ?? []
+        return Dictionary(list.map { ($0.id, $0) }, uniquingKeysWith: { a, _ in a })
     }
 
-    /// The part of the container this mount shows: `documents` is its
-    /// Documents folder (created if missing) with the container's folder
-    /// levels enforced; `data` is the container without Documents; `all` is
-    /// everything.
-    func viewRoot(replica: Replica, engine: SyncEngine, store: any Store) throws -> ViewRoot {
-        let documents = FileName("Documents")
-        switch request.scope {
-        case .all:
-            return ViewRoot()
-        case .data:
-            return ViewRoot(hidden: documents)
-        case .documents:
-            let existing = replica.withNamespace { ns in
-                ns.lookup(Namespace.rootIno, documents).flatMap { ns.node($0)?.kind == .directory ? $0 : nil }
+    /// Show a folder in `mount` (a drive) for each container whose Documents
+    /// scope is public, opening containers not open yet; tell the kernel
+    /// which names at the root changed.
+    func refreshDrive(_ mount: MountHost) {
+        guard let drive = mount.drive else { return }
+        let shown = containerConfigs().values.filter { $0.documentScopePublic && $0.id != Self.defaultContainer }
+        var views: [String: FileSystem] = [:]
+        let known = Set(mount.containers.withLock { $0.map(\.id) })
+        for config in shown where !known.contains(config.id) {
+            do {
+                let host = try openContainer(config.id, create: false)
+                let view = try host.view(.documents, folderLevels: config.supportedFolderLevels)
+                views[config.id] = view
+                mount.containers.withLock { $0.append(host) }
+                host.addViewer(mount.session) { [weak drive] ino in drive?.kernelIno(container: config.id, view.kernelIno(ino)) }
+            } catch {
+                logger.warning("the drive at \(mount.mountpoint) cannot show \(config.id): \(error)")
             }
-            let root: UInt64
-            if let existing {
-                root = existing
-            } else {
-                let creator = FileSystem(replica: replica, hooks: engine)
-                root = try creator.mkdir(parent: Namespace.rootIno, name: documents, mode: 0o755,
-                                         caller: Caller(uid: getuid(), gid: getgid(), pid: getpid())).ino
-            }
-            let levels = (try? store.containerConfig(request.container))??.supportedFolderLevels ?? .any
-            let limit: Int? = switch levels {
-            case .none: 0
-            case .one: 1
-            case .any: nil
-            }
-            return ViewRoot(root: root, folderLimit: limit)
         }
+        let changed = drive.update(folders: shown.map { ($0.id, $0.displayName) }, fileSystem: { views[$0] })
+        for name in changed { mount.session.invalidateEntry(parent: 1, name: name) }
+        if !changed.isEmpty { logger.info("drive at \(mount.mountpoint): folders changed (\(changed.map(\.description).sorted()))") }
+    }
+
+    func startDriveRefresher() {
+        let thread = Thread { [self] in
+            while !state.withLock({ $0.stopping }) {
+                Thread.sleep(forTimeInterval: settings.pollInterval)
+                for mount in state.withLock({ Array($0.mounts.values) }) where mount.drive != nil { refreshDrive(mount) }
+            }
+        }
+        thread.name = "ubiquityfs-drive"
+        thread.start()
     }
 
     /// `UBIQUITYFS_FAULTS=fetch-delay=SECONDS` makes every blob fetch slow —

@@ -14,8 +14,9 @@ struct QueryCommand: ParsableCommand {
             Predicates are NSPredicate-style: name LIKE[c] '*.md' AND size > 1000, \
             downloadingStatus == 'notDownloaded', modificationDate > DATE("2026-01-01"), \
             NSMetadataItemFSNameKey BEGINSWITH 'IMG' … Attributes: \(Query.attributeNames.joined(separator: ", ")).
-            Without a mountpoint, --container queries that container's mount if one runs, \
-            else reads this device's replica (read-only; no --watch).
+            Without a mountpoint, --container queries that container (all of it, or --scope) through a \
+            mount that shows it if one runs, else reads this device's replica (read-only; no --watch). \
+            On a drive mount, paths are below the mountpoint and only Documents scopes are shown.
             """)
 
     @Argument(help: "A ubiquityfs mountpoint (default: the mount of --container, or the only mount).") var mountpoint: String?
@@ -64,8 +65,9 @@ struct QueryCommand: ParsableCommand {
             let socket = locations.controlSocket(mountpoint: mount).path
             var status: [String: Any]?
             try? ControlClient.call(socket: socket, ["command": "status"]) { status = $0["status"] as? [String: Any] }
-            // This device's mount of this container (of this store, if one was named).
-            guard status?["container"] as? String == container,
+            // A mount of this device that shows this container (of this store, if one was named).
+            let shown = (status?["containers"] as? [[String: Any]] ?? []).compactMap { $0["id"] as? String }
+            guard shown.contains(container),
                   status?["dataHome"] as? String == locations.dataHome.path else { continue }
             if let store, status?["store"] as? String != absolutePath(store) { continue }
             return socket
@@ -78,6 +80,7 @@ struct QueryCommand: ParsableCommand {
         var request: [String: Any] = ["command": "query", "scopes": scopes.map(\.rawValue), "predicate": predicate,
                                       "watch": watch, "throttle": throttle]
         if let sort { request["sort"] = sort }
+        if mountpoint == nil, let container { request["container"] = container }
         var rows: [[String: Any]] = []
         // JSON out: result and update lines are printed exactly as the daemon wrote them.
         let passThrough: ((Data) -> Bool)? = json ? { line in

@@ -109,17 +109,19 @@ enum QueryService {
         return out + "\""
     }
 
-    /// Answer one query request on the daemon's control socket.
-    static func serve(_ req: [String: Any], connection: ControlConnection, engine: SyncEngine) {
-        let scopes = (req["scopes"] as? [String] ?? ["all"]).compactMap(Scope.init(rawValue:))
+    /// Answer one query request on the daemon's control socket, over the
+    /// items of `sources` (asked again for each watch batch: a drive's
+    /// containers come and go).
+    static func serve(_ req: [String: Any], connection: ControlConnection, sources: () throws -> [QuerySource]) {
         let query: Query
+        var current: [(UInt64, MetadataItem)]
         do {
             query = try Query(predicate: req["predicate"] as? String ?? "TRUEPREDICATE", sort: req["sort"] as? String)
+            current = run(query, scopes: [.all], records: try records(sources()))
         } catch {
             connection.send(["error": "\(error)"])
             return
         }
-        var current = run(query, scopes: scopes, records: engine.items())
         // Results are written by hand, a thousand lines a write: JSONSerialization
         // would spend seconds on 100,000 items.
         var start = 0
@@ -134,12 +136,13 @@ enum QueryService {
         }
         guard connection.send(["event": "gatheringFinished", "count": current.count]) else { return }
         let throttle = max(0.05, req["throttle"] as? Double ?? 1)
-        var generation = engine.changeGeneration
+        func generation() -> [UInt64] { ((try? sources()) ?? []).map { $0.key &* 1_000_003 &+ $0.engine.changeGeneration } }
+        var seen = generation()
         var lastBeat = Date()
         while true {
             Thread.sleep(forTimeInterval: throttle)
-            let now = engine.changeGeneration
-            if now == generation {
+            let now = generation()
+            if now == seen {
                 // Find out whether the client left, now and then.
                 if Date().timeIntervalSince(lastBeat) > 5 {
                     guard connection.send(["event": "heartbeat"]) else { return }
@@ -147,23 +150,47 @@ enum QueryService {
                 }
                 continue
             }
-            generation = now
-            let next = run(query, scopes: scopes, records: engine.items())
+            seen = now
+            guard let sources = try? sources() else { continue }
+            let next = run(query, scopes: [.all], records: records(sources))
             let before = Dictionary(current.map { ($0.0, $0.1) }, uniquingKeysWith: { a, _ in a })
             let after = Dictionary(next.map { ($0.0, $0.1) }, uniquingKeysWith: { a, _ in a })
             var events: [String] = []
-            for (ino, item) in next {
-                if let old = before[ino] {
+            for (key, item) in next {
+                if let old = before[key] {
                     if old != item { events.append(eventLine("changed", item)) }
                 } else {
                     events.append(eventLine("added", item))
                 }
             }
-            for (ino, item) in current where after[ino] == nil { events.append(eventLine("removed", item)) }
+            for (key, item) in current where after[key] == nil { events.append(eventLine("removed", item)) }
             current = next
             if !events.isEmpty { guard connection.sendRaw(Data(events.joined(separator: "\n").utf8)) else { return } }
         }
     }
+
+    /// The items of several sources as one list: paths as the mount shows
+    /// them, keys unique across sources (the source's key in the top bits).
+    static func records(_ sources: [QuerySource]) -> [ItemRecord] {
+        var out: [ItemRecord] = []
+        for source in sources {
+            for var record in source.engine.items() where inScopes(record.path, source.scopes) {
+                record.path = source.rewrite(record.path)
+                record.ino = source.key << 48 | record.ino
+                out.append(record)
+            }
+        }
+        return out
+    }
+}
+
+/// Items a query sees: one container's engine, the scopes of it shown, and
+/// how its paths (from the container's root) read below the mountpoint.
+struct QuerySource {
+    var key: UInt64
+    var engine: SyncEngine
+    var scopes: [QueryService.Scope]
+    var rewrite: (String) -> String
 }
 
 /// ISO 8601 text of a date, UTC, to the second ("2026-11-21T10:49:02Z").

@@ -131,7 +131,7 @@ extension FileSystem {
                 $0.openCount += 1
                 $0.lastAccess = now
                 if writable { $0.openWriters += 1 }
-                result = ($0.contentEpoch, $0.kernelEpoch == $0.contentEpoch && streaming == nil)
+                result = ($0.contentEpoch, $0.kernelEpoch == $0.contentEpoch && streaming == nil && options.soleView())
                 $0.kernelEpoch = $0.contentEpoch
             }
             return result
@@ -283,10 +283,11 @@ extension FileSystem {
             let mid = (low + high) / 2
             if Int64(listing.entries[mid].cookie) <= offset { low = mid + 1 } else { high = mid }
         }
-        let slice = listing.entries[low...].prefix(max(0, limit - out.count))
         replica.withNamespace { ns in
-            for item in slice {
-                // Entries removed since the snapshot are skipped.
+            // Entries removed since the snapshot are skipped (not counted against
+            // the limit: an empty answer means the end of the directory).
+            for item in listing.entries[low...] {
+                if out.count >= limit { break }
                 guard let node = ns.node(item.ino), ns.lookup(dirIno, item.name) == item.ino,
                       !(dirIno == view.root && item.name == view.hidden) else { continue }
                 var entry: EntryReply?
@@ -303,6 +304,12 @@ extension FileSystem {
 
     public func releasedir(handle: UInt64) {
         _ = handles.withLock { $0.listings.removeValue(forKey: handle) }
+    }
+
+    /// Namespace changes are committed before each operation returns; this
+    /// commits anything still buffered (nothing, normally).
+    public func fsyncdir(handle: UInt64) throws {
+        try replica.persist()
     }
 
     // MARK: - Extended attributes

@@ -113,6 +113,44 @@ public final class FileSystem: Sendable {
         }
     }
 
+    /// Whether the view's root holds `name`.
+    public func rootHasEntry(_ name: FileName) -> Bool {
+        replica.withNamespace { ns in ns.lookup(view.root, name) != nil && name != view.hidden }
+    }
+
+    /// The view's root as a lookup answers it (taking a lookup reference):
+    /// what the drive lists for a container's folder.
+    public func rootEntry() throws -> EntryReply {
+        try replica.withNamespace { ns in
+            guard let node = ns.node(view.root) else { throw UbiquityError(ENOENT) }
+            ns.updateRuntime(view.root) { $0.lookups += 1 }
+            return entryReply(node)
+        }
+    }
+
+    /// The directory `name` at the container's root, created (owned by
+    /// `owner`) if missing. `id` is the same on every device, so two devices
+    /// creating it before they sync make one folder, not a conflict.
+    public func wellKnownDirectory(_ name: FileName, id: NodeID, owner: Caller) throws -> UInt64 {
+        let root = Namespace.rootIno
+        let (ino, created) = try replica.withNamespace { ns -> (UInt64, Bool) in
+            if let existing = ns.lookup(root, name) {
+                guard ns.node(existing)?.kind == .directory else {
+                    throw UbiquityError(ENOTDIR, "'\(name)' at the container's root is not a folder")
+                }
+                return (existing, false)
+            }
+            let now = Timespec.now()
+            let ino = ns.createNode(id: ns.inoByID[id] == nil ? id : UUID().uuidString.lowercased(), kind: .directory,
+                                    mode: 0o755, uid: owner.uid, gid: owner.gid, time: now)
+            ns.linkEntry(root, name, ino)
+            ns.update(root) { $0.mtime = now; $0.ctime = now }
+            return (ino, true)
+        }
+        if created { try commit() }
+        return ino
+    }
+
     /// The kernel forgets `count` references to `ino`.
     public func forget(ino: UInt64, count: UInt64) {
         let ino = view.swap(ino)

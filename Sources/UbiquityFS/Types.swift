@@ -151,6 +151,10 @@ public struct FileSystemOptions: Sendable {
     public var entryTimeout: Double = 5
     public var attributeTimeout: Double = 5
     public var view = ViewRoot()
+    /// Whether this is the only mount of its replica. The content epoch that
+    /// lets an open keep the kernel's page cache is the replica's, so with
+    /// several mounts (several kernel caches) no open keeps it.
+    public var soleView: @Sendable () -> Bool = { true }
     public init() {}
 }
 

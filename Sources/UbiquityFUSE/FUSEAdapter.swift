@@ -14,10 +14,10 @@ import UbiquityStore
 /// (`name`, `fi`) are copied before the callback returns. No lock of the
 /// core is held while replying: the core returns values, then we reply.
 final class FUSEContext: @unchecked Sendable {
-    let fs: FileSystem
+    let fs: any MountedFileSystem
     let logger: Logger
 
-    init(fs: FileSystem, logger: Logger) {
+    init(fs: any MountedFileSystem, logger: Logger) {
         self.fs = fs
         self.logger = logger
     }
@@ -349,10 +349,10 @@ func makeOperations() -> fuse_lowlevel_ops {
         fuse_reply_err(req, 0)
     }
 
-    ops.fsyncdir = { req, _, _, _ in
+    ops.fsyncdir = { req, _, _, fi in
         let ctx = FUSEContext.from(req)
         ctx.serve(req, "fsyncdir") {
-            try ctx.fs.replica.persist()
+            try ctx.fs.fsyncdir(handle: UInt64(fi?.pointee.fh ?? 0))
             fuse_reply_err(req, 0)
         }
     }

@@ -1,23 +1,29 @@
 import CFuse3
 import Foundation
 import Logging
+import Synchronization
 import UbiquityFS
 import UbiquityStore
 import UbiquitySync
 
-/// A libfuse low-level session serving one `FileSystem` at a mountpoint.
+/// A libfuse low-level session serving one `MountedFileSystem` at a mountpoint.
 ///
 /// `mount` creates the session and mounts; `run` serves requests on the
-/// multi-threaded loop until the filesystem is unmounted (by `fusermount3
-/// -u`, `umount`, `requestUnmount`) or SIGTERM/SIGINT/SIGHUP arrives; then
-/// the caller calls `close`.
+/// multi-threaded loop (on the calling thread) until the filesystem is
+/// unmounted (`fusermount3 -u`, `umount`) or `stop` is called; then the
+/// caller calls `close`. One process may run several sessions, each on its
+/// own thread; signals are the caller's business (`stop` each session).
 public final class FUSESession: @unchecked Sendable {
     let context: FUSEContext
-    let mountpoint: String
+    public let mountpoint: String
     var session: OpaquePointer?
     var mounted = false
+    /// The thread running `run`, and whether the loop has returned.
+    let loop = Mutex<(thread: pthread_t?, ended: Bool)>((nil, false))
 
-    public init(fileSystem: FileSystem, mountpoint: String, logger: Logger) {
+    static let wakeSignal = SIGUSR2
+
+    public init(fileSystem: any MountedFileSystem, mountpoint: String, logger: Logger) {
         context = FUSEContext(fs: fileSystem, logger: logger)
         self.mountpoint = mountpoint
     }
@@ -42,37 +48,60 @@ public final class FUSESession: @unchecked Sendable {
             throw UbiquityError(EIO, "could not mount FUSE at \(mountpoint) (is /dev/fuse available and fusermount3 installed?)")
         }
         mounted = true
-        guard fuse_set_signal_handlers(se) == 0 else {
-            throw UbiquityError(EIO, "could not install signal handlers")
-        }
     }
 
-    /// Serve requests until unmounted or signalled. Returns libfuse's status.
+    /// Serve requests until unmounted or stopped. Returns libfuse's status.
     public func run(threads: Int = 16, idleThreads: Int = Int(ProcessInfo.processInfo.environment["UBQ_IDLE_THREADS"] ?? "") ?? 2) -> Int32 {
         guard let se = session else { return -1 }
-        return ubq_session_loop_mt(se, UInt32(threads), UInt32(idleThreads))
+        _ = ubq_install_wake_signal(Self.wakeSignal)
+        loop.withLock { $0.thread = pthread_self() }
+        let status = ubq_session_loop_mt(se, UInt32(threads), UInt32(idleThreads))
+        loop.withLock { $0.ended = true }
+        return status
+    }
+
+    /// End `run` from another thread: the loop stops taking requests and
+    /// returns (then `close` unmounts). The wake-up signal is repeated until
+    /// the loop has noticed, since it may arrive just before the loop waits.
+    public func stop() {
+        guard let se = session else { return }
+        fuse_session_exit(se)
+        for _ in 0..<100 {
+            let (thread, ended) = loop.withLock { ($0.thread, $0.ended) }
+            if ended { return }
+            if let thread { pthread_kill(thread, Self.wakeSignal) }
+            usleep(50_000)
+        }
     }
 
     /// Drop what the kernel cached about items a pull changed: entries
     /// (names added, removed, replaced) and inodes (attributes, and pages
-    /// when the content changed). Called from the pull thread, never while a
-    /// lock of the core is held; errors (the kernel no longer knows the item)
-    /// are expected and ignored.
-    public func invalidate(_ changes: ReplicaChanges) {
+    /// when the content changed). `kernelIno` maps a replica inode to the
+    /// kernel's number (nil: not shown here). Called from the pull thread,
+    /// never while a lock of the core is held; errors (the kernel no longer
+    /// knows the item) are expected and ignored.
+    public func invalidate(_ changes: ReplicaChanges, kernelIno: (UInt64) -> UInt64?) {
         guard let se = session else { return }
-        let fs = context.fs
         for (parent, name) in changes.entries {
-            _ = name.withCString { fuse_lowlevel_notify_inval_entry(se, fuse_ino_t(fs.kernelIno(parent)), $0, name.count) }
+            guard let parent = kernelIno(parent) else { continue }
+            _ = name.withCString { fuse_lowlevel_notify_inval_entry(se, fuse_ino_t(parent), $0, name.count) }
         }
         for (ino, contentChanged) in changes.nodes {
-            _ = fuse_lowlevel_notify_inval_inode(se, fuse_ino_t(fs.kernelIno(ino)), contentChanged ? 0 : -1, 0)
+            guard let ino = kernelIno(ino) else { continue }
+            _ = fuse_lowlevel_notify_inval_inode(se, fuse_ino_t(ino), contentChanged ? 0 : -1, 0)
         }
+    }
+
+    /// Drop the kernel's entry for `name` in directory `parent` (kernel numbers).
+    public func invalidateEntry(parent: UInt64, name: FileName) {
+        guard let se = session else { return }
+        _ = name.withCString { fuse_lowlevel_notify_inval_entry(se, fuse_ino_t(parent), $0, name.count) }
+        _ = fuse_lowlevel_notify_inval_inode(se, fuse_ino_t(parent), -1, 0)
     }
 
     /// Unmount (if still mounted) and free the session.
     public func close() {
         guard let se = session else { return }
-        fuse_remove_signal_handlers(se)
         if mounted { fuse_session_unmount(se) }
         mounted = false
         fuse_session_destroy(se)
@@ -137,6 +166,4 @@ public enum MountTable {
     }
 }
 
-extension FUSESession: ReplicaObserver {
-    public func replicaChanged(_ changes: ReplicaChanges) { invalidate(changes) }
-}
+

@@ -38,6 +38,21 @@ public struct Locations: Sendable {
         return URL(fileURLWithPath: "/tmp/ubiquityfs-\(getuid())")
     }
 
+    /// The socket of the daemon serving this device's mounts of the store at
+    /// `store` (its path as given to `mount`), and the lock `mount` holds
+    /// while it finds or starts that daemon.
+    public func daemonSocket(store: String) -> URL {
+        runtimeDirectory.appendingPathComponent("daemon-\(daemonKey(store)).sock")
+    }
+
+    public func daemonLock(store: String) -> URL {
+        runtimeDirectory.appendingPathComponent("daemon-\(daemonKey(store)).lock")
+    }
+
+    func daemonKey(_ store: String) -> Substring {
+        ContentCopy.hash(of: Data((dataHome.path + "\n" + store).utf8)).prefix(24)
+    }
+
     /// The control socket of the mount at `mountpoint` (absolute, resolved).
     public func controlSocket(mountpoint: String) -> URL {
         let name = ContentCopy.hash(of: Data(mountpoint.utf8)).prefix(24)

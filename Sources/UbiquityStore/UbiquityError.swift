@@ -54,6 +54,9 @@ public func syscallRetrying<T: BinaryInteger>(_ context: @autoclosure () -> Stri
 public enum LinuxCalls {
     public static func syncfs(_ fd: Int32) -> Int32 { ubq_syncfs(fd) }
 
+    /// SIGTERM, SIGINT and SIGHUP arrive as one byte each on `fd`.
+    public static func forwardShutdownSignals(to fd: Int32) -> Bool { ubq_forward_shutdown_signals(fd) == 0 }
+
     /// Limit glibc's malloc arenas (threads otherwise each grow their own heap).
     public static func limitMallocArenas(_ count: Int32) { _ = ubq_limit_malloc_arenas(count) }
 

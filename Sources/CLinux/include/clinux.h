@@ -16,4 +16,9 @@ int ubq_ioprio_lowest(int tid);
 int ubq_limit_malloc_arenas(int n);
 int ubq_malloc_trim(void);
 
+/* SIGTERM, SIGINT and SIGHUP each write their number (one byte) to fd; a
+ * thread reading fd does the shutdown (a handler may do nothing else).
+ * SIGPIPE is ignored. */
+int ubq_forward_shutdown_signals(int fd);
+
 #endif

@@ -1,0 +1,102 @@
+import Foundation
+import Synchronization
+import UbiquityFS
+import UbiquityFUSE
+import UbiquityReplica
+import UbiquityStore
+import UbiquitySync
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// One container open in the daemon: its replica and sync engine, shared by
+/// every mount that shows part of it (a drive's folder, a `--scope data`
+/// mount…). Pulled changes are passed on to each of those mounts' kernels.
+///
+/// Lock order: `sessions` is taken alone (copied, then used).
+final class ContainerHost: @unchecked Sendable, ReplicaObserver {
+    let id: String
+    let replica: Replica
+    let engine: SyncEngine
+    /// The whole container, as the daemon itself edits it (the Documents folder).
+    let base: FileSystem
+    /// Mounts using this container (the daemon closes it when none is left).
+    let users = Mutex(0)
+
+    /// A mount's kernel: its session and how replica inodes map to its numbers.
+    struct Viewer {
+        var session: FUSESession
+        var kernelIno: @Sendable (UInt64) -> UInt64?
+    }
+    let viewers = Mutex<[ObjectIdentifier: Viewer]>([:])
+
+    static let documents = FileName("Documents")
+    /// The Documents folder's node ID, the same on every device (see `wellKnownDirectory`).
+    static let documentsID: NodeID = "documents"
+
+    init(id: String, replica: Replica, engine: SyncEngine) {
+        self.id = id
+        self.replica = replica
+        self.engine = engine
+        base = FileSystem(replica: replica, hooks: engine)
+    }
+
+    /// More than one mount shows this container: no open may keep the
+    /// kernel's page cache (each mount's kernel has its own).
+    var isShared: Bool { viewers.withLock { $0.count > 1 } }
+
+    func replicaChanged(_ changes: ReplicaChanges) {
+        for viewer in viewers.withLock({ Array($0.values) }) {
+            viewer.session.invalidate(changes, kernelIno: viewer.kernelIno)
+        }
+    }
+
+    func addViewer(_ session: FUSESession, kernelIno: @escaping @Sendable (UInt64) -> UInt64?) {
+        viewers.withLock { $0[ObjectIdentifier(session)] = Viewer(session: session, kernelIno: kernelIno) }
+    }
+
+    func removeViewer(_ session: FUSESession) {
+        _ = viewers.withLock { $0.removeValue(forKey: ObjectIdentifier(session)) }
+    }
+
+    /// The Documents folder's inode, created if missing.
+    func documentsFolder() throws -> UInt64 {
+        try base.wellKnownDirectory(Self.documents, id: Self.documentsID,
+                                    owner: Caller(uid: getuid(), gid: getgid(), pid: getpid()))
+    }
+
+    /// A FileSystem showing `scope` of this container, for one mount.
+    /// `documents` enforces the container's folder levels.
+    func view(_ scope: QueryService.Scope, folderLevels: ContainerConfig.FolderLevels) throws -> FileSystem {
+        var options = FileSystemOptions()
+        options.soleView = { [weak self] in !(self?.isShared ?? false) }
+        switch scope {
+        case .all:
+            break
+        case .data:
+            options.view = ViewRoot(hidden: Self.documents)
+        case .documents:
+            let limit: Int? = switch folderLevels {
+            case .none: 0
+            case .one: 1
+            case .any: nil
+            }
+            options.view = ViewRoot(root: try documentsFolder(), folderLimit: limit)
+        }
+        return FileSystem(replica: replica, hooks: engine, options: options)
+    }
+
+    /// Paths from the container's root of the items a scope shows.
+    func resolve(_ path: [FileName], scope: QueryService.Scope) throws -> UInt64 {
+        var full = path
+        switch scope {
+        case .documents: full = [Self.documents] + path
+        case .data: if path.first == Self.documents { throw UbiquityError(ENOENT, "Documents is not in the Data scope") }
+        case .all: break
+        }
+        guard let ino = replica.withNamespace({ ns in ns.resolve(full) }) else {
+            throw UbiquityError(ENOENT, "/\(path.map(\.description).joined(separator: "/")): no such item")
+        }
+        return ino
+    }
+}

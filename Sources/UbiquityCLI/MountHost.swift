@@ -1,0 +1,354 @@
+import Foundation
+import Logging
+import Synchronization
+import UbiquityFS
+import UbiquityFUSE
+import UbiquityReplica
+import UbiquityStore
+import UbiquitySync
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// One mountpoint served by the daemon: a FUSE session on its own thread,
+/// its control socket, and the containers it shows — one container's scope,
+/// or the drive (the home container plus a folder per public container).
+///
+/// Control requests name items by path below the mountpoint; `locate`
+/// turns a path into the container and inode it names.
+final class MountHost: @unchecked Sendable {
+    enum Kind {
+        case container(id: String, scope: QueryService.Scope)
+        case drive(DriveFileSystem)
+    }
+
+    let mountpoint: String
+    let kind: Kind
+    let session: FUSESession
+    let daemon: Daemon
+    var logger: Logger { daemon.logger }
+    /// The containers this mount shows (the drive: the home container first,
+    /// then each container that has had a folder). Each counts as one user.
+    let containers: Mutex<[ContainerHost]>
+    /// A client waiting for the unmount to finish (told when everything is pushed).
+    let unmountWaiter = Mutex<ControlConnection?>(nil)
+    var control: ControlServer?
+
+    init(mountpoint: String, kind: Kind, fileSystem: any MountedFileSystem, containers: [ContainerHost], daemon: Daemon) {
+        self.mountpoint = mountpoint
+        self.kind = kind
+        self.daemon = daemon
+        self.containers = Mutex(containers)
+        session = FUSESession(fileSystem: fileSystem, mountpoint: mountpoint, logger: daemon.logger)
+    }
+
+    var drive: DriveFileSystem? {
+        if case .drive(let drive) = kind { return drive }
+        return nil
+    }
+
+    var label: String {
+        switch kind {
+        case .container(let id, let scope): return "\(id) (\(scope.rawValue) scope)"
+        case .drive: return "the drive"
+        }
+    }
+
+    /// Mount, open the control socket, and serve on a thread of its own.
+    func start(fuseOptions: [String]) throws {
+        var options = ["default_permissions", "fsname=ubiquityfs", "subtype=ubiquityfs"]
+        if geteuid() == 0 { options.append("allow_other") }
+        try session.mount(options: options + fuseOptions)
+        do {
+            control = try ControlServer(path: daemon.locations.controlSocket(mountpoint: mountpoint).path, logger: logger) {
+                [self] req, connection in handleControl(req, connection)
+            }
+        } catch {
+            session.close()
+            throw error
+        }
+        control?.start()
+        let thread = Thread { [self] in serve() }
+        thread.name = "ubiquityfs-fuse"
+        thread.start()
+        logger.info("mounted \(label) at \(mountpoint)")
+    }
+
+    /// The FUSE loop, then the orderly end: unmount, let go of the
+    /// containers, finish pushing if `ubiquityfs unmount` waits for it.
+    func serve() {
+        let status = session.run()
+        logger.info("FUSE loop of \(mountpoint) ended (status \(status))")
+        session.close()
+        control?.stop()
+        let hosts = containers.withLock { $0 }
+        for host in hosts { host.removeViewer(session) }
+        let waiter = unmountWaiter.withLock { $0 }
+        var answer: [String: Any] = ["ok": true]
+        do {
+            try daemon.release(hosts, drain: waiter.map { waiter in
+                { items, bytes in _ = waiter.send(["progress": ["items": items, "bytes": bytes]]) }
+            })
+        } catch {
+            answer = ["error": "\(error)"]
+        }
+        waiter?.send(answer)
+        waiter?.close(force: true)
+        daemon.mountEnded(self)
+    }
+
+    // MARK: - Paths
+
+    /// The container and inode that `path` (names below the mountpoint) is.
+    func locate(_ path: [FileName]) throws -> (ContainerHost, UInt64) {
+        let hosts = containers.withLock { $0 }
+        switch kind {
+        case .container(_, let scope):
+            return (hosts[0], try hosts[0].resolve(path, scope: scope))
+        case .drive(let drive):
+            if let first = path.first, let folder = drive.currentFolders().first(where: { $0.name == first }),
+               let host = hosts.first(where: { $0.id == folder.containerID }) {
+                return (host, try host.resolve(Array(path.dropFirst()), scope: .documents))
+            }
+            return (hosts[0], try hosts[0].resolve(path, scope: .all))
+        }
+    }
+
+    /// Where a container's items show in this mount: its path from the
+    /// container's root → its path below the mountpoint (nil: not shown).
+    func visibleSources(scopes: [QueryService.Scope]) throws -> [QuerySource] {
+        let hosts = containers.withLock { $0 }
+        switch kind {
+        case .container:
+            return [QuerySource(key: 0, engine: hosts[0].engine, scopes: scopes, rewrite: { $0 })]
+        case .drive(let drive):
+            if scopes.contains(.data) {
+                throw UbiquityError(EINVAL, "the drive shows Documents only: query a Data scope with --container ID --scope data")
+            }
+            var sources = [QuerySource(key: 0, engine: hosts[0].engine, scopes: [.all], rewrite: { $0 })]
+            for folder in drive.currentFolders() {
+                guard let host = hosts.first(where: { $0.id == folder.containerID }) else { continue }
+                let prefix = "/" + folder.name.description
+                sources.append(QuerySource(key: UInt64(folder.slot), engine: host.engine, scopes: [.documents],
+                                           rewrite: { prefix + $0.dropFirst("/Documents".count) }))
+            }
+            return sources
+        }
+    }
+
+    // MARK: - Control requests
+
+    func handleControl(_ req: [String: Any], _ connection: ControlConnection) {
+        defer { connection.close() }
+        let paths = (req["paths"] as? [[String]] ?? []).map { $0.map { FileName($0) } }
+        switch req["command"] as? String {
+        case "status":
+            connection.send(["status": statusReport()])
+        case "download":
+            contentCommand(paths, connection) { items in
+                try downloadAll(items, recursive: req["recursive"] as? Bool ?? false, connection: connection)
+            }
+        case "evict":
+            contentCommand(paths, connection) { items in
+                var evicted = 0
+                var refused: [String] = []
+                for (host, ino) in items {
+                    for file in host.replica.withNamespace({ ns in ns.files(under: ino) }) {
+                        do {
+                            if try host.engine.evict(ino: file) { evicted += 1 }
+                        } catch {
+                            let path = host.replica.withNamespace { ns in ns.path(of: file) } ?? "inode \(file)"
+                            refused.append("\(path): \(UbiquityError.wrap(error))")
+                        }
+                    }
+                }
+                if !refused.isEmpty { throw UbiquityError(EBUSY, "not evicted: " + refused.joined(separator: "; ")) }
+                connection.send(["done": ["evicted": evicted]])
+            }
+        case "pin", "unpin":
+            let pin = req["command"] as? String == "pin"
+            contentCommand(paths, connection) { items in
+                for (host, ino) in items { try host.engine.setPinned(ino: ino, pin) }
+                connection.send(["done": ["items": items.count]])
+            }
+        case "query":
+            serveQuery(req, connection)
+        case "versions":
+            contentCommand(paths, connection) { items in
+                for (host, ino) in items {
+                    let list = try host.engine.versions(ino: ino).map { v -> [String: Any] in
+                        ["label": v.label, "path": v.path, "device": v.device, "size": v.size,
+                         "modified": isoDate(Date(timeIntervalSince1970: Double(v.modified.sec)))]
+                    }
+                    connection.send(["versions": list])
+                }
+            }
+        case "resolve":
+            contentCommand(paths, connection) { items in
+                let keep = req["keep"] as? String ?? ""
+                let choice: ConflictChoice
+                switch keep {
+                case "current": choice = .current
+                case "both": choice = .both
+                default:
+                    guard let number = Int(keep) else {
+                        throw UbiquityError(EINVAL, "--keep takes current, both, or a version number from `ubiquityfs versions`")
+                    }
+                    choice = .version(number)
+                }
+                for (host, ino) in items { try host.engine.resolve(ino: ino, keep: choice) }
+            }
+        case "unmount":
+            unmount(connection)
+        default:
+            connection.send(["error": "unknown command"])
+        }
+    }
+
+    /// Push everything, then unmount; the FUSE thread answers once the
+    /// containers are let go (`serve`).
+    func unmount(_ connection: ControlConnection) {
+        let hosts = containers.withLock { $0 }
+        let clientAlive = Mutex(true)
+        do {
+            for host in hosts {
+                try host.engine.drain(progress: { items, bytes in
+                    if !connection.send(["progress": ["items": items, "bytes": bytes]]) { clientAlive.withLock { $0 = false } }
+                }, shouldContinue: { clientAlive.withLock { $0 } })
+            }
+            guard clientAlive.withLock({ $0 }) else { return }
+            // Anything still pending is held open for writing: the unmount below reports EBUSY.
+            unmountWaiter.withLock { $0 = connection }
+            try Unmounter.unmount(mountpoint, lazy: false)
+            connection.keepOpen()
+        } catch let error as UbiquityError where error.errno == EBUSY {
+            unmountWaiter.withLock { $0 = nil }
+            connection.send(["error": "\(error)"])
+        } catch {
+            unmountWaiter.withLock { $0 = nil }
+            let pending = hosts.map { host in host.replica.withNamespace { ns in ns.pendingSummary() }.items }.reduce(0, +)
+            connection.send(["error": "cannot push to the store (\(UbiquityError.wrap(error))); \(pending) items stay queued. `ubiquityfs unmount --force` detaches now and keeps them for the next mount"])
+        }
+    }
+
+    /// Resolve `paths` and run `body` on their items; errors become the reply.
+    func contentCommand(_ paths: [[FileName]], _ connection: ControlConnection,
+                        _ body: ([(ContainerHost, UInt64)]) throws -> Void) {
+        do {
+            try body(try paths.map(locate))
+            connection.send(["ok": true])
+        } catch {
+            connection.send(["error": "\(UbiquityError.wrap(error))"])
+        }
+    }
+
+    /// Download every placeholder file named (directories: with `recursive`),
+    /// a few at a time, reporting progress.
+    func downloadAll(_ items: [(ContainerHost, UInt64)], recursive: Bool, connection: ControlConnection) throws {
+        var files: [(host: ContainerHost, ino: UInt64, size: UInt64, version: String?)] = []
+        for (host, ino) in items {
+            let isDirectory = host.replica.withNamespace { ns in ns.node(ino)?.kind == .directory }
+            if isDirectory && !recursive {
+                throw UbiquityError(EISDIR, "\(host.replica.withNamespace { ns in ns.path(of: ino) } ?? "item") is a folder: use --recursive")
+            }
+            files += host.replica.withNamespace { ns in
+                ns.files(under: ino).compactMap { file in
+                    guard let node = ns.node(file), node.isPlaceholder else { return nil }
+                    return (host, file, node.hashSize, node.hash)
+                }
+            }
+        }
+        let totalBytes = files.map(\.size).reduce(0, +)
+        var doneBytes: UInt64 = 0
+        var failures: [String] = []
+        let wave = 4
+        var index = 0
+        while index < files.count {
+            let batch = files[index..<min(files.count, index + wave)]
+            for file in batch { file.host.engine.startDownload(ino: file.ino) }
+            for (offset, file) in batch.enumerated() {
+                do {
+                    try file.host.engine.waitForContent(ino: file.ino, version: file.version, upTo: file.size)
+                } catch {
+                    let path = file.host.replica.withNamespace { ns in ns.path(of: file.ino) } ?? "inode \(file.ino)"
+                    failures.append("\(path): \(UbiquityError.wrap(error))")
+                }
+                doneBytes += file.size
+                connection.send(["progress": ["items": index + offset + 1, "total": files.count,
+                                              "bytes": doneBytes, "totalBytes": totalBytes]])
+            }
+            index += batch.count
+        }
+        if !failures.isEmpty { throw UbiquityError(EIO, "not downloaded: " + failures.joined(separator: "; ")) }
+    }
+
+    /// A query over what this mount shows, or over a whole container
+    /// (`container` in the request: `query --container ID`).
+    func serveQuery(_ req: [String: Any], _ connection: ControlConnection) {
+        let scopes = (req["scopes"] as? [String] ?? ["all"]).compactMap(QueryService.Scope.init(rawValue:))
+        let sources: () throws -> [QuerySource]
+        if let id = req["container"] as? String {
+            guard let host = containers.withLock({ $0.first { $0.id == id } }) else {
+                connection.send(["error": "this mount does not show container \(id)"])
+                return
+            }
+            sources = { [QuerySource(key: 0, engine: host.engine, scopes: scopes, rewrite: { $0 })] }
+        } else {
+            sources = { [self] in try visibleSources(scopes: scopes) }
+        }
+        QueryService.serve(req, connection: connection, sources: sources)
+    }
+
+    /// Counts per container and scope, transfers, reachability, errors.
+    func statusReport() -> [String: Any] {
+        let hosts = containers.withLock { $0 }
+        let folders = drive?.currentFolders() ?? []
+        var perContainer: [[String: Any]] = []
+        var totals: [String: Int] = [:]
+        var errors: [(Date, String)] = []
+        var lastSync: Date?
+        var reachable = true
+        for host in hosts {
+            let engine = host.engine
+            let paths = engine.items().map(\.path)
+            let documents = paths.filter { QueryService.inScopes($0, [.documents]) }.count
+            let pending = host.replica.withNamespace { ns in ns.pendingSummary() }
+            let downloads = engine.downloadSummary()
+            let s = engine.currentStatus
+            var entry: [String: Any] = [
+                "id": host.id, "items": paths.count, "documentsItems": documents, "dataItems": paths.count - documents,
+                "pendingItems": pending.items, "pendingBytes": Int(pending.bytes),
+                "downloadingItems": downloads.items, "downloadingBytes": Int(downloads.bytes),
+                "cachedBytes": Int(engine.cacheUsage()),
+            ]
+            if let folder = folders.first(where: { $0.containerID == host.id }) { entry["folder"] = folder.name.description }
+            if drive != nil && host.id == hosts[0].id { entry["folder"] = "/" }
+            for key in ["items", "documentsItems", "dataItems", "pendingItems", "pendingBytes", "downloadingItems",
+                        "downloadingBytes", "cachedBytes"] {
+                totals[key, default: 0] += entry[key] as? Int ?? 0
+            }
+            perContainer.append(entry)
+            reachable = reachable && s.storeReachable
+            errors += s.recentErrors.map { ($0.date, "\(host.id): \($0.message)") }
+            if let d = s.lastSync, d > (lastSync ?? .distantPast) { lastSync = d }
+        }
+        var out: [String: Any] = [
+            "pid": Int(getpid()), "mountpoint": mountpoint, "store": daemon.storePath, "dataHome": daemon.locations.dataHome.path,
+            "storeReachable": reachable, "containers": perContainer,
+            "recentErrors": errors.sorted { $0.0 < $1.0 }.suffix(20).map { ["date": isoDate($0.0), "message": $0.1] },
+        ]
+        switch kind {
+        case .container(let id, let scope):
+            out["view"] = "container"
+            out["container"] = id
+            out["scope"] = scope.rawValue
+        case .drive:
+            out["view"] = "drive"
+            out["container"] = hosts[0].id
+        }
+        for (key, value) in totals { out[key] = value }
+        if let limit = daemon.settings.cacheLimit { out["cacheLimitBytes"] = limit }
+        if let lastSync { out["lastSync"] = isoDate(lastSync) }
+        return out
+    }
+}

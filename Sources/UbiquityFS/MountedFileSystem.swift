@@ -1,0 +1,48 @@
+import Foundation
+import UbiquityStore
+
+/// What the FUSE adapter serves at one mountpoint: a view of one container
+/// (`FileSystem`) or the drive (`DriveFileSystem`, which routes to several).
+/// Inode and handle numbers here are the kernel's; every method answers a
+/// value or throws `UbiquityError`.
+public protocol MountedFileSystem: AnyObject, Sendable {
+    var entryTimeout: Double { get }
+    var attributeTimeout: Double { get }
+
+    func lookup(parent: UInt64, name: FileName) throws -> EntryReply
+    func forget(ino: UInt64, count: UInt64)
+    func getattr(ino: UInt64) throws -> Attributes
+    func setattr(ino: UInt64, changes: AttributeChanges, handle: UInt64?) throws -> Attributes
+    func readlink(ino: UInt64) throws -> String
+
+    func mknod(parent: UInt64, name: FileName, mode: UInt32, rdev: UInt64, caller: Caller) throws -> EntryReply
+    func mkdir(parent: UInt64, name: FileName, mode: UInt32, caller: Caller) throws -> EntryReply
+    func symlink(target: String, parent: UInt64, name: FileName, caller: Caller) throws -> EntryReply
+    func create(parent: UInt64, name: FileName, mode: UInt32, flags: Int32, caller: Caller) throws -> (EntryReply, OpenReply)
+    func link(ino: UInt64, newParent: UInt64, newName: FileName) throws -> EntryReply
+    func unlink(parent: UInt64, name: FileName) throws
+    func rmdir(parent: UInt64, name: FileName) throws
+    func rename(parent: UInt64, name: FileName, newParent: UInt64, newName: FileName, flags: RenameFlags) throws
+
+    func open(ino: UInt64, flags: Int32) throws -> OpenReply
+    func read(handle: UInt64, offset: Int64, size: Int) throws -> ReadReply
+    func write(handle: UInt64, offset: Int64, bytes: UnsafeRawPointer, count: Int) throws -> Int
+    func flush(handle: UInt64) throws
+    func fsync(handle: UInt64, dataOnly: Bool) throws
+    func release(handle: UInt64) throws
+    func fallocate(handle: UInt64, mode: Int32, offset: Int64, length: Int64) throws
+
+    func opendir(ino: UInt64) throws -> UInt64
+    func readdir(handle: UInt64, offset: Int64, limit: Int, plus: Bool) throws -> [DirectoryEntry]
+    func releasedir(handle: UInt64)
+    func fsyncdir(handle: UInt64) throws
+
+    func setxattr(ino: UInt64, name: String, value: Data, flags: Int32) throws
+    func getxattr(ino: UInt64, name: String) throws -> Data
+    func listxattr(ino: UInt64) throws -> [String]
+    func removexattr(ino: UInt64, name: String) throws
+
+    func statfs() throws -> FilesystemStatistics
+}
+
+extension FileSystem: MountedFileSystem {}
