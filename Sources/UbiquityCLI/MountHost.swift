@@ -311,18 +311,22 @@ final class MountHost: @unchecked Sendable {
         for host in hosts {
             let engine = host.engine
             let paths = engine.items().map(\.path)
-            let documents = paths.filter { QueryService.inScopes($0, [.documents]) }.count
+            // The Documents folder itself is in neither scope; the drive's own
+            // container is all documents (its whole tree is the user's).
+            let isDriveRoot = drive != nil && host === hosts[0]
+            let documents = isDriveRoot ? paths.count : paths.filter { QueryService.inScopes($0, [.documents]) }.count
+            let data = isDriveRoot ? 0 : paths.filter { QueryService.inScopes($0, [.data]) }.count
             let pending = host.replica.withNamespace { ns in ns.pendingSummary() }
             let downloads = engine.downloadSummary()
             let s = engine.currentStatus
             var entry: [String: Any] = [
-                "id": host.id, "items": paths.count, "documentsItems": documents, "dataItems": paths.count - documents,
+                "id": host.id, "items": paths.count, "documentsItems": documents, "dataItems": data,
                 "pendingItems": pending.items, "pendingBytes": Int(pending.bytes),
                 "downloadingItems": downloads.items, "downloadingBytes": Int(downloads.bytes),
                 "cachedBytes": Int(engine.cacheUsage()),
             ]
             if let folder = folders.first(where: { $0.containerID == host.id }) { entry["folder"] = folder.name.description }
-            if drive != nil && host.id == hosts[0].id { entry["folder"] = "/" }
+            if isDriveRoot { entry["folder"] = "/" }
             for key in ["items", "documentsItems", "dataItems", "pendingItems", "pendingBytes", "downloadingItems",
                         "downloadingBytes", "cachedBytes"] {
                 totals[key, default: 0] += entry[key] as? Int ?? 0

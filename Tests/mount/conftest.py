@@ -334,13 +334,19 @@ class Device:
         if check:
             assert res.returncode == 0, f"unmount failed:\n{res}"
             assert not is_mounted(self.mountpoint), f"still mounted after unmount:\n{res}"
-            assert wait_pid_exit(self.pid, EXIT_TIMEOUT), (
+            assert self._daemon_shared() or wait_pid_exit(self.pid, EXIT_TIMEOUT), (
                 f"daemon pid {self.pid} still running {EXIT_TIMEOUT}s after unmount:\n{res}"
             )
         if not pid_alive(self.pid):
             self._disarm_watchdog()
             self.pid = None
         return res
+
+    def _daemon_shared(self) -> bool:
+        """Another live Device of this device (same data home) is mounted and
+        served by the same daemon, which then keeps running after this unmount."""
+        return any(d is not self and d.data_home == self.data_home and d.pid == self.pid and d.is_mounted()
+                   for d in _LIVE_DEVICES)
 
     def remount(self) -> None:
         self.unmount()
@@ -438,7 +444,7 @@ class Device:
                         self.unmount(force=True, check=False)
             if not lazy_unmount(self.mountpoint):
                 problems.append(f"{self.name}: could not detach {self.mountpoint}")
-        if self.pid and not wait_pid_exit(self.pid, EXIT_TIMEOUT):
+        if self.pid and not self._daemon_shared() and not wait_pid_exit(self.pid, EXIT_TIMEOUT):
             problems.append(f"{self.name}: daemon pid {self.pid} still running after unmount")
         if not wait_until(lambda: not self._strays(), EXIT_TIMEOUT):
             for pid in self._strays():

@@ -16,6 +16,10 @@ import pytest
 
 from conftest import (
     EXIT_TIMEOUT,
+    MOUNT_TIMEOUT,
+    UNMOUNT_TIMEOUT,
+    mount_fstype,
+    pid_alive,
     current_umask,
     digest_diff,
     hardlink_groups,
@@ -362,20 +366,34 @@ def test_refuses_store_that_is_not_a_store(make_device, tmp_path, store, kind):
     dev.mount()
 
 
-def test_refuses_second_mount_of_same_device(make_device, tmp_path):
+def test_second_mount_of_same_device_joins_its_daemon(make_device):
+    """One daemon per device and store: a second mountpoint is served by the
+    same process and the same replica; each unmounts on its own."""
     a = make_device("a")
     (a.mountpoint / "hello.txt").write_text("hello\n")
     twin = make_device("a-twin", data_home=a.data_home, mount=False)
-    assert_refused(twin, tmp_path, "same XDG_DATA_HOME and store mounted twice")
-    assert os.listdir(twin.mountpoint) == []
-    # The first mount is unharmed.
-    assert (a.mountpoint / "hello.txt").read_text() == "hello\n"
-    (a.mountpoint / "second.txt").write_text("still writable\n")
-    assert sorted(os.listdir(a.mountpoint)) == ["hello.txt", "second.txt"]
-    # Once the first mount is gone the lock is free.
-    a.unmount()
-    twin.mount()
-    assert (twin.mountpoint / "second.txt").read_text() == "still writable\n"
+    res = twin.cli("mount", str(twin.mountpoint), "--store", str(twin.store), timeout=MOUNT_TIMEOUT)
+    assert res.returncode == 0, res
+    assert f"pid {a.pid}" in res.text, f"the second mount started another daemon:\n{res}"
+    assert (twin.mountpoint / "hello.txt").read_text() == "hello\n"
+    # A change through one mountpoint is seen through the other at the next open.
+    (twin.mountpoint / "second.txt").write_text("through the twin\n")
+    assert (a.mountpoint / "second.txt").read_text() == "through the twin\n"
+    with open(a.mountpoint / "hello.txt", "a") as f:
+        f.write("more\n")
+    assert (twin.mountpoint / "hello.txt").read_text() == "hello\nmore\n"
+    assert sorted(os.listdir(a.mountpoint)) == sorted(os.listdir(twin.mountpoint)) == ["hello.txt", "second.txt"]
+    # Unmounting one leaves the other served by the same daemon.
+    res = a.cli("unmount", str(a.mountpoint), timeout=UNMOUNT_TIMEOUT)
+    assert res.returncode == 0, res
+    assert mount_fstype(a.mountpoint) is None or not mount_fstype(a.mountpoint).startswith("fuse")
+    assert pid_alive(a.pid)
+    (twin.mountpoint / "third.txt").write_text("still served\n")
+    twin.pid, a.pid = a.pid, None
+    twin.unmount()
+    b = make_device("b")
+    assert sorted(os.listdir(b.mountpoint)) == ["hello.txt", "second.txt", "third.txt"]
+    assert (b.mountpoint / "hello.txt").read_text() == "hello\nmore\n"
 
 
 # --------------------------------------------------------------------------

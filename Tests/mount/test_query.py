@@ -23,7 +23,6 @@ the `documents` scope is what is below /Documents (not /Documents itself) and
 
 from __future__ import annotations
 
-import calendar
 import json
 import math
 import os
@@ -43,6 +42,8 @@ from conftest import BIN
 from test_sync import SYNC_TIMEOUT, eventually, new_device
 
 pytestmark = pytest.mark.daemon
+
+DEFAULT_CONTAINER = "com.ubiquityfs.default"
 
 
 # --------------------------------------------------------------------------
@@ -185,12 +186,12 @@ EXTENSIONS = [".md", ".md", ".txt", ".png", ".json", "", ".MD", ".Txt"]
 SIZES = [0, 1, 1000, 1024, 20000]
 YEAR_2015, YEAR_2025 = D("2015-01-01"), D("2025-01-01")
 NEW_YEAR_2020 = D("2020-01-01")
-# The first files get these (seconds, nanoseconds): exact and sub-second
-# modification dates around one instant, for the whole-second comparisons.
 # A few names the hand-written predicates name, whatever the random draw gives.
 FIXED_DIRS = ["Documents", "Documents/Notes", "Documents/Notes/CAFÉ", "naïve"]
 FIXED_FILES = ["café.md", "Documents/cafe\u0301.md", "Documents/Notes/CAFÉ/x.md", "naïve/notes.txt",
                "Documents/Café.json", "Documents/naïve", "report.md", "Documents/Notes/re\u0301sume\u0301.txt"]
+# The first files get these (seconds, nanoseconds): exact and sub-second
+# modification dates around one instant, for the whole-second comparisons.
 ANCHOR_TIMES = [(NEW_YEAR_2020, 0), (NEW_YEAR_2020, 250_000_000), (NEW_YEAR_2020, 999_000_000),
                 (NEW_YEAR_2020 - 1, 500_000_000), (NEW_YEAR_2020 + 1, 0)]
 
@@ -350,6 +351,8 @@ CASES = [
     ("name > 'report'", lambda i: s_cmp(i.name, ">", "report"), "name,size", (), False),
     ("name >= 'Über'", lambda i: s_cmp(i.name, ">=", "Über"), None, (), False),
     ("name <[c] 'm'", lambda i: s_cmp(i.name, "<", "m", "c"), "name", (), False),
+    # [c] folds to lower case: 'archive' > 'a_' (as 'r' > '_'), though 'ARCHIVE' < 'A_'.
+    ("name <[c] 'A_'", lambda i: s_cmp(i.name, "<", "A_", "c"), "name", (), False),
     ("name =>[cd] 'RESUME'", lambda i: s_cmp(i.name, ">=", "RESUME", "cd"), None, (), False),
     ("name =<[d] 'cafe'", lambda i: s_cmp(i.name, "<=", "cafe", "d"), None, (), False),
     ("'photo' < name", lambda i: s_cmp(i.name, ">", "photo"), None, (), False),
@@ -508,9 +511,9 @@ def disguise(s: str, rng: random.Random, mods: str = "") -> str:
     return s
 
 
-def random_atom(rng: random.Random, items: list[Item]):
-    """(text, model) of one comparison."""
-    item = rng.choice(items)
+def random_atom(rng: random.Random, items: list[Item], focus: Item):
+    """(text, model) of one comparison, mostly about the focus item."""
+    item = focus if rng.random() < 0.8 else rng.choice(items)
     kind = rng.randrange(8)
     mods = rng.choice(["", "", "c", "d", "cd"])
     modtext = f"[{mods}]" if mods else ""
@@ -581,15 +584,25 @@ def s_num(a, op, b) -> bool:
     return {"==": a == b, "!=": a != b, "<": a < b, "<=": a <= b, ">": a > b, ">=": a >= b}[op]
 
 
-def random_predicate(rng: random.Random, items: list[Item], depth: int = 0):
+def random_predicate(rng: random.Random, items: list[Item], focus: Item, want: bool, depth: int = 0):
+    """(text, model) of a random predicate that is `want` for the focus item,
+    so that a predicate seldom matches nothing (or everything) by accident."""
     roll = rng.random()
     if depth >= 2 or roll < 0.35:
-        return random_atom(rng, items)
+        text, fn = random_atom(rng, items, focus)
+        if fn(focus) != want:
+            return f"{rng.choice(['NOT', '!', 'not'])} ({text})", lambda i: not fn(i)
+        return text, fn
     if roll < 0.5:
-        text, fn = random_predicate(rng, items, depth + 1)
+        text, fn = random_predicate(rng, items, focus, not want, depth + 1)
         return f"{rng.choice(['NOT', '!', 'not'])} ({text})", lambda i: not fn(i)
-    (lt, lf), (rt, rf) = random_predicate(rng, items, depth + 1), random_predicate(rng, items, depth + 1)
-    if rng.random() < 0.5:
+    conjunction = rng.random() < 0.5
+    # AND: both true for a true result, one false for a false one; OR the other way round.
+    first = want if conjunction == want else rng.random() < 0.5
+    second = want if conjunction == want else (not first if first == conjunction else rng.random() < 0.5)
+    (lt, lf), (rt, rf) = (random_predicate(rng, items, focus, first, depth + 1),
+                          random_predicate(rng, items, focus, second, depth + 1))
+    if conjunction:
         return f"({lt}) {rng.choice(['AND', '&&', 'and'])} ({rt})", lambda i: lf(i) and rf(i)
     return f"({lt}) {rng.choice(['OR', '||', 'or'])} ({rt})", lambda i: lf(i) or rf(i)
 
@@ -604,7 +617,9 @@ SORT_CHOICES = ["name", "-name", "size", "-size", "modificationDate", "-modifica
 
 
 def test_query_results_match_a_model_of_the_tree(make_device):
-    dev = make_device("q")
+    # The default container mounted as a container (not the drive view): all
+    # of it at the mount's root, so --scope documents and data apply.
+    dev = make_device("q", container=DEFAULT_CONTAINER)
     root = dev.mountpoint
     created_after = math.floor(time.time()) - 1
     dirs, files, rng = build_spec(seed=20251121)
@@ -655,41 +670,41 @@ def test_query_results_match_a_model_of_the_tree(make_device):
     grammar = random.Random(4242)
     start = time.monotonic()
     sizes = []
+    informative = 0
     for n in range(40):
-        text, matches = random_predicate(grammar, items)
-        sort = ",".join(grammar.sample(SORT_CHOICES, grammar.randrange(0, 4))) or None
         scopes = grammar.choice([(), (), (), ("documents",), ("data",)])
+        in_scope = [i for i in items if in_scopes(i, scopes)]
+        want = grammar.random() < 0.8
+        text, matches = random_predicate(grammar, items, grammar.choice(in_scope), want)
+        sort = ",".join(grammar.sample(SORT_CHOICES, grammar.randrange(0, 4))) or None
         sizes.append(len(check_query(dev, items, text, matches, sort=sort, scopes=scopes, problems=problems)))
+        informative += 0 < sizes[-1] < len(in_scope)
         if n < 6:
             print(f"  e.g. {text}  --sort {sort}  --scope {scopes}: {sizes[-1]} results")
     assert not problems, f"{len(problems)} of 40 random predicates failed:\n" + "\n".join(problems)
-    informative = sum(1 for s in sizes if 0 < s < len(items))
     print(f"40 random predicates in {time.monotonic() - start:.1f}s; result sizes {sizes}")
-    assert informative >= 28, f"random predicates too often empty or everything: {sizes}"
+    assert informative >= 30, f"random predicates too often empty or everything: {sizes}"
 
 
 def test_mtime_just_below_a_whole_second_compares_as_that_second(make_device):
-    """Documented: dates compare at whole seconds, both sides rounded down.
-    A modification date of T + 0.999999999 s must then equal DATE(T)."""
+    """Dates compare at whole seconds, both sides rounded down (documented in
+    Compile.swift), and are printed rounded down: a modification date of
+    T + 0.5 s or T + 0.999999999 s is DATE(T) for a predicate and in the output."""
     dev = make_device("e")
     root = dev.mountpoint
-    (root / "half.txt").write_text("h")
-    (root / "edge.txt").write_text("e")
-    os.utime(root / "half.txt", ns=(T * 10**9 + 500_000_000,) * 2)
-    os.utime(root / "edge.txt", ns=(T * 10**9 + 999_999_999,) * 2)
-    assert os.stat(root / "edge.txt").st_mtime_ns == T * 10**9 + 999_999_999
-    found = run_query(dev, 'modificationDate == DATE("2020-01-01T00:00:00Z")', "name")
-    # half.txt is there (the whole-second rounding, unlike NSPredicate's exact
-    # NSDate comparison); edge.txt is missing when the daemon forms the date as
-    # Double(sec) + Double(nsec) / 1e9, which rounds to T + 1 before flooring.
-    assert [r["name"] for r in found] == ["edge.txt", "half.txt"], found
-
-
-test_mtime_just_below_a_whole_second_compares_as_that_second = pytest.mark.xfail(
-    strict=True,
-    reason="known: Double(sec) + Double(nsec)/1e9 rounds T+0.999999999 up to T+1 before the "
-           "documented rounding down (QueryService.metadata, Compiler date comparisons)",
-)(test_mtime_just_below_a_whole_second_compares_as_that_second)
+    for name, nanos in [("half.txt", 500_000_000), ("edge.txt", 999_999_999)]:
+        (root / name).write_text(name)
+        os.utime(root / name, ns=(T * 10**9 + nanos,) * 2)
+        assert os.stat(root / name).st_mtime_ns == T * 10**9 + nanos
+    found = [r["name"] for r in run_query(dev, 'modificationDate == DATE("2020-01-01T00:00:00Z")', "name")]
+    printed = {r["name"]: r["modificationDate"] for r in run_query(dev, "size > 0")}
+    if found == ["half.txt"] and printed == {"half.txt": iso(T), "edge.txt": iso(T + 1)}:
+        # The daemon forms the date as Double(sec) + Double(nsec) / 1e9, which
+        # is T + 1.0 exactly for nsec above ~999999880 (a Double near 1.6e9 s
+        # has steps of 2^-22 s), before the rounding down.
+        pytest.xfail("known: T + 0.999999999 s becomes T + 1 s (QueryService.metadata's Double)")
+    assert found == ["edge.txt", "half.txt"], found
+    assert printed == {"half.txt": iso(T), "edge.txt": iso(T)}, printed
 
 
 # --------------------------------------------------------------------------
