@@ -26,14 +26,21 @@ enum QueryService {
         }
     }
 
+    /// A time as seconds since 1970. The fraction is capped just below 1: a
+    /// Double near 1.6e9 steps in 2^-22 s, and x.999999999 must not round up
+    /// into the next second (dates compare by whole seconds).
+    static func seconds(_ t: Timespec) -> Double {
+        Double(t.sec) + min(Double(t.nsec) / 1e9, 0.999_999)
+    }
+
     static func metadata(_ r: ItemRecord) -> MetadataItem {
         let s = r.status
         var v: [String: MetadataValue] = [
             "name": .string(r.name), "path": .string(r.path), "size": .number(Double(r.size)),
             "contentType": .string(r.isDirectory ? "inode/directory" : ContentTypes.shared.type(ofFileNamed: r.name)),
             "isDirectory": .bool(r.isDirectory),
-            "creationDate": .date(Double(r.created.sec) + Double(r.created.nsec) / 1e9),
-            "modificationDate": .date(Double(r.modified.sec) + Double(r.modified.nsec) / 1e9),
+            "creationDate": .date(seconds(r.created)),
+            "modificationDate": .date(seconds(r.modified)),
             "downloadingStatus": .string(s.downloadingStatus), "isDownloading": .bool(s.isDownloading),
             "percentDownloaded": .number(Double(s.percentDownloaded)), "isUploaded": .bool(s.isUploaded),
             "isUploading": .bool(s.isUploading), "percentUploaded": .number(s.isUploaded ? 100 : 0),

@@ -687,9 +687,10 @@ def test_query_results_match_a_model_of_the_tree(make_device):
 
 
 def test_mtime_just_below_a_whole_second_compares_as_that_second(make_device):
-    """Dates compare at whole seconds, both sides rounded down (documented in
-    Compile.swift), and are printed rounded down: a modification date of
-    T + 0.5 s or T + 0.999999999 s is DATE(T) for a predicate and in the output."""
+    """Dates compare at whole seconds, both sides rounded down (docs/SEMANTICS.md),
+    and are printed rounded down: a modification date of T + 0.5 s or
+    T + 0.999999999 s is DATE(T) for a predicate and in the output (the second
+    once came out as T + 1: a Double near 1.6e9 s steps in 2^-22 s)."""
     dev = make_device("e")
     root = dev.mountpoint
     for name, nanos in [("half.txt", 500_000_000), ("edge.txt", 999_999_999)]:
@@ -698,11 +699,6 @@ def test_mtime_just_below_a_whole_second_compares_as_that_second(make_device):
         assert os.stat(root / name).st_mtime_ns == T * 10**9 + nanos
     found = [r["name"] for r in run_query(dev, 'modificationDate == DATE("2020-01-01T00:00:00Z")', "name")]
     printed = {r["name"]: r["modificationDate"] for r in run_query(dev, "size > 0")}
-    if found == ["half.txt"] and printed == {"half.txt": iso(T), "edge.txt": iso(T + 1)}:
-        # The daemon forms the date as Double(sec) + Double(nsec) / 1e9, which
-        # is T + 1.0 exactly for nsec above ~999999880 (a Double near 1.6e9 s
-        # has steps of 2^-22 s), before the rounding down.
-        pytest.xfail("known: T + 0.999999999 s becomes T + 1 s (QueryService.metadata's Double)")
     assert found == ["edge.txt", "half.txt"], found
     assert printed == {"half.txt": iso(T), "edge.txt": iso(T)}, printed
 
