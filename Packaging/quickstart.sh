@@ -2,8 +2,9 @@
 # One command from a fresh clone to a mounted container:
 #   bash Packaging/quickstart.sh ~/Cloud [mount options…]
 # Installs the system packages, builds a release binary, links it as
-# /usr/local/bin/ubiquityfs (when writable), and mounts the default container
-# of the default folder store at the given directory (created if missing).
+# /usr/local/bin/ubiquityfs (when writable), and mounts the drive (the default
+# container, with a folder per public container) of the default folder store
+# at the given directory (created if missing).
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/.." && pwd)"
 [ $# -ge 1 ] || { echo "usage: $0 MOUNTPOINT [ubiquityfs mount options…]" >&2; exit 2; }
