@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import digest_diff, is_mounted, tree_digest
+from conftest import BIN, digest_diff, is_mounted, tree_digest
 
 pytestmark = pytest.mark.daemon
 
@@ -466,10 +466,16 @@ def test_partial_read_of_large_placeholder_returns_early(make_device):
 CONFLICT_RE = re.compile(r"^doc \(conflicted copy (?P<device>.+) (?P<date>\d{4}-\d\d-\d\d) (?P<time>\d{6})\)\.txt$")
 
 
-def test_concurrent_edits_keep_both_as_conflicted_copy(make_device, store_link):
+@pytest.mark.parametrize("folder", ["", "Notes"], ids=["drive-root", "container-folder"])
+def test_concurrent_edits_keep_both_as_conflicted_copy(make_device, store_link, store, folder):
+    if folder:
+        # In a public container's folder of the drive: versions/resolve find it by its drive path.
+        made = subprocess.run([str(BIN), "container", "create", "com.example.notes", "--name", folder, "--public",
+                               "--store", str(store)], capture_output=True, text=True)
+        assert made.returncode == 0, made.stderr
     a = new_device(make_device, "a")
     b = new_device(make_device, "b", store=store_link.path)
-    A, B = a.mountpoint, b.mountpoint
+    A, B = a.mountpoint / folder, b.mountpoint / folder
     write(A / "doc.txt", b"base\n")
     eventually(content_is(B / "doc.txt", b"base\n"), what="doc.txt reaches B")
 
@@ -485,10 +491,10 @@ def test_concurrent_edits_keep_both_as_conflicted_copy(make_device, store_link):
     def converged():
         found = {}
         for dev in (a, b):
-            names = sorted(os.listdir(dev.mountpoint))
+            names = sorted(os.listdir(dev.mountpoint / folder))
             copies = [n for n in names if CONFLICT_RE.match(n)]
             assert "doc.txt" in names and len(copies) == 1 and len(names) == 2, f"{dev.name} has {names}"
-            found[dev.name] = {n: read(dev.mountpoint / n) for n in names}
+            found[dev.name] = {n: read(dev.mountpoint / folder / n) for n in names}
         assert found["a"] == found["b"], f"devices differ: {found}"
         return found["a"]
 
@@ -512,9 +518,10 @@ def test_concurrent_edits_keep_both_as_conflicted_copy(make_device, store_link):
 
     def resolved_everywhere():
         for dev in (a, b):
-            assert sorted(os.listdir(dev.mountpoint)) == ["doc.txt"], f"{dev.name}: {os.listdir(dev.mountpoint)}"
-            assert read(dev.mountpoint / "doc.txt") == result[copy]
-            assert os.getxattr(dev.mountpoint / "doc.txt", "user.ubiquity.conflicts") == b"0"
+            root = dev.mountpoint / folder
+            assert sorted(os.listdir(root)) == ["doc.txt"], f"{dev.name}: {os.listdir(root)}"
+            assert read(root / "doc.txt") == result[copy]
+            assert os.getxattr(root / "doc.txt", "user.ubiquity.conflicts") == b"0"
 
     eventually(resolved_everywhere, 20, 0.25, "resolve --keep 1 reaches both devices")
 
