@@ -11,6 +11,11 @@ A benchmark script, not a test: it prints figures next to the issue's goals.
                (writes start -> nothing pending)            goal >= 1,000/s
   placeholder  read a 1 GiB placeholder on B vs `cat` of its blob files
                from the store (MiB/s)
+  query        `ubiquityfs query` with a name predicate and a sort over the
+               100,000 items of the join tree, process start included,
+               median of 7                                  goal <= 200 ms
+  watch        close() on device A until B's `query --watch` (throttle 0.2 s)
+               reports the item, p50 / p99 over N files     goal: propagation + throttle
 
 Run as root from the repository: python3 bench/sync_bench.py [--quick]
 """
@@ -184,12 +189,57 @@ def bench_placeholder(a, b, store, mib):
     return {"mib": mib, "placeholder_read_mibs": mib / read_s, "cat_blobs_mibs": mib / cat_s, "ratio": cat_s / read_s}
 
 
+def bench_query(a, items, runs=7):
+    """Needs the join tree (100,000 files in join/dNNNN/fNNNNNN) on A."""
+    predicate = "name LIKE[c] 'f0012*' AND size > 10"
+    times, found = [], 0
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        out = a.cli("query", a.mp, "--predicate", predicate, "--sort", "-name,size", "--json")
+        times.append(time.perf_counter() - t0)
+        found = sum(1 for line in out.splitlines() if line.startswith('{"event":"result"'))
+    everything = a.cli("query", a.mp, "--predicate", "size >= 0", "--json").count('{"event":"result"')
+    return {"items_in_mount": everything, "matches": found, "p50_s": statistics.median(times), "max_s": max(times),
+            "runs": runs, "predicate": predicate}
+
+
+def bench_watch(a, b, files, throttle=0.2):
+    import queue
+    import threading
+    proc = subprocess.Popen([b.binary, "query", b.mp, "--watch", "--json", "--throttle", str(throttle),
+                             "--predicate", "name BEGINSWITH 'watched-'"], env=b.env(), stdout=subprocess.PIPE, text=True)
+    lines = queue.Queue()
+    threading.Thread(target=lambda: [lines.put((time.perf_counter(), json.loads(l))) for l in proc.stdout],
+                     daemon=True).start()
+    try:
+        while lines.get(timeout=60)[1]["event"] != "gatheringFinished":
+            pass
+        latencies = []
+        for i in range(files):
+            name = f"watched-{i:04d}.txt"
+            t0 = time.perf_counter()
+            with open(os.path.join(a.mp, name), "wb") as f:
+                f.write(b"w" * 100)
+            while True:
+                arrived, event = lines.get(timeout=30)
+                if event["event"] == "added" and event["item"]["name"] == name:
+                    latencies.append(arrived - t0)
+                    break
+            time.sleep(0.3)
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    latencies.sort()
+    return {"files": files, "throttle_s": throttle, "p50": statistics.median(latencies),
+            "p99": latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))], "max": latencies[-1]}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bin", default=None)
     ap.add_argument("--quick", action="store_true", help="small sizes")
     ap.add_argument("--workdir", default="/tmp/ubq-sync-bench")
-    ap.add_argument("--only", default="propagation,push,placeholder,join")
+    ap.add_argument("--only", default="propagation,watch,push,placeholder,join,query")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     binary = args.bin or next(p for p in (os.path.join(REPO, ".build/release/ubiquityfs"),
@@ -213,8 +263,12 @@ def main():
             results["push"] = bench_push(a, pushes)
         if "placeholder" in only:
             results["placeholder"] = bench_placeholder(a, b, store, mib)
-        if "join" in only:
+        if "watch" in only:
+            results["watch"] = bench_watch(a, b, edits // 4)
+        if "join" in only or "query" in only:
             results["join"] = bench_join(binary, args.workdir, store, a, items)
+        if "query" in only:
+            results["query"] = bench_query(a, items)
     finally:
         for d in (a, b):
             d.unmount()
@@ -237,6 +291,17 @@ def main():
         print(f"  new device joining {r['items']} items: mounted in {r['mount_s']:.1f} s, ls -R done after"
               f" {r['ls_R_done_s']:.1f} s ({r['files_listed']} files listed)   goal <= 10 s"
               f"  {'ok' if r['ls_R_done_s'] <= 10 and r['files_listed'] == r['items'] else 'MISS'}")
+    if "watch" in results:
+        r = results["watch"]
+        goal = (results["propagation"]["p50"] + r["throttle_s"]) if "propagation" in results else None
+        verdict = "" if goal is None else f"   goal <= propagation p50 + throttle = {goal:.2f} s  {'ok' if r['p50'] <= goal else 'MISS'}"
+        print(f"  --watch update on B after a write on A ({r['files']} files, throttle {r['throttle_s']} s):"
+              f" p50 {r['p50']:.3f} s, p99 {r['p99']:.3f} s, max {r['max']:.3f} s{verdict}")
+    if "query" in results:
+        r = results["query"]
+        print(f"  query \"{r['predicate']}\" --sort -name,size over {r['items_in_mount']} items: {r['matches']} matches,"
+              f" p50 {r['p50_s'] * 1000:.0f} ms, max {r['max_s'] * 1000:.0f} ms (wall, process start included)"
+              f"   goal <= 200 ms  {'ok' if r['p50_s'] <= 0.2 else 'MISS'}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)

@@ -146,10 +146,13 @@ enum QueryService {
         func generation() -> [UInt64] { ((try? sources()) ?? []).map { $0.key &* 1_000_003 &+ $0.engine.changeGeneration } }
         var seen = generation()
         var lastBeat = Date()
+        var lastBatch = Date.distantPast
         while true {
-            Thread.sleep(forTimeInterval: throttle)
-            let now = generation()
-            if now == seen {
+            // The change counters are cheap to read: look often, so that a
+            // change after a quiet spell is reported at once; batches still
+            // come at most once per throttle interval.
+            Thread.sleep(forTimeInterval: min(throttle, 0.02))
+            if generation() == seen {
                 // Find out whether the client left, now and then.
                 if Date().timeIntervalSince(lastBeat) > 5 {
                     guard connection.send(["event": "heartbeat"]) else { return }
@@ -157,7 +160,10 @@ enum QueryService {
                 }
                 continue
             }
-            seen = now
+            let wait = throttle - Date().timeIntervalSince(lastBatch)
+            if wait > 0 { Thread.sleep(forTimeInterval: wait) }
+            lastBatch = Date()
+            seen = generation()
             guard let sources = try? sources() else { continue }
             let next = run(query, scopes: [.all], records: records(sources))
             let before = Dictionary(current.map { ($0.0, $0.1) }, uniquingKeysWith: { a, _ in a })
