@@ -236,7 +236,7 @@ final class Daemon: @unchecked Sendable {
         do {
             try host.start(fuseOptions: request.fuseOptions)
         } catch {
-            let hosts = host.containers.withLock { $0 }
+            let hosts = host.hosts
             for container in hosts { container.removeViewer(host.session) }
             try? release(hosts, drain: nil)
             throw error
@@ -373,13 +373,16 @@ final class Daemon: @unchecked Sendable {
         guard let drive = mount.drive else { return }
         let shown = containerConfigs().values.filter { $0.documentScopePublic && $0.id != Self.defaultContainer }
         var views: [String: FileSystem] = [:]
-        let known = Set(mount.containers.withLock { $0.map(\.id) })
+        let known = Set(mount.hosts.map(\.id))
         for config in shown where !known.contains(config.id) {
             do {
                 let host = try openContainer(config.id, create: false)
+                guard mount.adopt(host) else {   // the mount ended meanwhile
+                    try? release([host], drain: nil)
+                    return
+                }
                 let view = try host.view(.documents, folderLevels: config.supportedFolderLevels)
                 views[config.id] = view
-                mount.containers.withLock { $0.append(host) }
                 host.addViewer(mount.session) { [weak drive] ino in drive?.kernelIno(container: config.id, view.kernelIno(ino)) }
             } catch {
                 logger.warning("the drive at \(mount.mountpoint) cannot show \(config.id): \(error)")

@@ -29,7 +29,18 @@ final class MountHost: @unchecked Sendable {
     var logger: Logger { daemon.logger }
     /// The containers this mount shows (the drive: the home container first,
     /// then each container that has had a folder). Each counts as one user.
-    let containers: Mutex<[ContainerHost]>
+    /// `ended`: the mount is gone and has let go of them.
+    let containers: Mutex<(hosts: [ContainerHost], ended: Bool)>
+
+    var hosts: [ContainerHost] { containers.withLock { $0.hosts } }
+
+    /// Show one more container (a drive's new folder); false once the mount has ended.
+    func adopt(_ host: ContainerHost) -> Bool {
+        containers.withLock { c in
+            if !c.ended { c.hosts.append(host) }
+            return !c.ended
+        }
+    }
     /// A client waiting for the unmount to finish (told when everything is pushed).
     let unmountWaiter = Mutex<ControlConnection?>(nil)
     var control: ControlServer?
@@ -38,7 +49,7 @@ final class MountHost: @unchecked Sendable {
         self.mountpoint = mountpoint
         self.kind = kind
         self.daemon = daemon
-        self.containers = Mutex(containers)
+        self.containers = Mutex((containers, false))
         session = FUSESession(fileSystem: fileSystem, mountpoint: mountpoint, logger: daemon.logger)
     }
 
@@ -81,7 +92,10 @@ final class MountHost: @unchecked Sendable {
         logger.info("FUSE loop of \(mountpoint) ended (status \(status))")
         session.close()
         control?.stop()
-        let hosts = containers.withLock { $0 }
+        let hosts = containers.withLock { c -> [ContainerHost] in
+            c.ended = true
+            return c.hosts
+        }
         for host in hosts { host.removeViewer(session) }
         let waiter = unmountWaiter.withLock { $0 }
         var answer: [String: Any] = ["ok": true]
@@ -101,7 +115,7 @@ final class MountHost: @unchecked Sendable {
 
     /// The container and inode that `path` (names below the mountpoint) is.
     func locate(_ path: [FileName]) throws -> (ContainerHost, UInt64) {
-        let hosts = containers.withLock { $0 }
+        let hosts = self.hosts
         switch kind {
         case .container(_, let scope):
             return (hosts[0], try hosts[0].resolve(path, scope: scope))
@@ -117,7 +131,7 @@ final class MountHost: @unchecked Sendable {
     /// Where a container's items show in this mount: its path from the
     /// container's root → its path below the mountpoint (nil: not shown).
     func visibleSources(scopes: [QueryService.Scope]) throws -> [QuerySource] {
-        let hosts = containers.withLock { $0 }
+        let hosts = self.hosts
         switch kind {
         case .container:
             return [QuerySource(key: 0, engine: hosts[0].engine, scopes: scopes, rewrite: { $0 })]
@@ -144,6 +158,10 @@ final class MountHost: @unchecked Sendable {
         switch req["command"] as? String {
         case "status":
             connection.send(["status": statusReport()])
+        case "describe":
+            // What `query --container` needs to find a mount, without counting items.
+            connection.send(["containers": hosts.map(\.id), "store": daemon.storePath,
+                             "dataHome": daemon.locations.dataHome.path])
         case "download":
             contentCommand(paths, connection) { items in
                 try downloadAll(items, recursive: req["recursive"] as? Bool ?? false, connection: connection)
@@ -208,7 +226,7 @@ final class MountHost: @unchecked Sendable {
     /// Push everything, then unmount; the FUSE thread answers once the
     /// containers are let go (`serve`).
     func unmount(_ connection: ControlConnection) {
-        let hosts = containers.withLock { $0 }
+        let hosts = self.hosts
         let clientAlive = Mutex(true)
         do {
             for host in hosts {
@@ -288,7 +306,7 @@ final class MountHost: @unchecked Sendable {
         let scopes = (req["scopes"] as? [String] ?? ["all"]).compactMap(QueryService.Scope.init(rawValue:))
         let sources: () throws -> [QuerySource]
         if let id = req["container"] as? String {
-            guard let host = containers.withLock({ $0.first { $0.id == id } }) else {
+            guard let host = hosts.first(where: { $0.id == id }) else {
                 connection.send(["error": "this mount does not show container \(id)"])
                 return
             }
@@ -301,7 +319,7 @@ final class MountHost: @unchecked Sendable {
 
     /// Counts per container and scope, transfers, reachability, errors.
     func statusReport() -> [String: Any] {
-        let hosts = containers.withLock { $0 }
+        let hosts = self.hosts
         let folders = drive?.currentFolders() ?? []
         var perContainer: [[String: Any]] = []
         var totals: [String: Int] = [:]

@@ -64,10 +64,9 @@ struct QueryCommand: ParsableCommand {
         for mount in mounts {
             let socket = locations.controlSocket(mountpoint: mount).path
             var status: [String: Any]?
-            try? ControlClient.call(socket: socket, ["command": "status"]) { status = $0["status"] as? [String: Any] }
+            try? ControlClient.call(socket: socket, ["command": "describe"]) { status = $0 }
             // A mount of this device that shows this container (of this store, if one was named).
-            let shown = (status?["containers"] as? [[String: Any]] ?? []).compactMap { $0["id"] as? String }
-            guard shown.contains(container),
+            guard (status?["containers"] as? [String] ?? []).contains(container),
                   status?["dataHome"] as? String == locations.dataHome.path else { continue }
             if let store, status?["store"] as? String != absolutePath(store) { continue }
             return socket

@@ -50,6 +50,24 @@ public struct Query: Sendable {
         sortKeys = try sort.map(Self.parseSort) ?? []
     }
 
+    /// The short names of the attributes the predicate reads: an item
+    /// holding only these is enough for `matches`.
+    public var predicateAttributes: Set<String> {
+        func collect(_ p: Predicate, into names: inout Set<String>) {
+            switch p {
+            case .constant: break
+            case .not(let inner): collect(inner, into: &names)
+            case .and(let l, let r), .or(let l, let r):
+                collect(l, into: &names)
+                collect(r, into: &names)
+            case .comparison(let c): names.insert(c.attribute.name)
+            }
+        }
+        var names = Set<String>()
+        collect(tree, into: &names)
+        return names
+    }
+
     /// Whether the item satisfies the predicate.
     public func matches(_ item: MetadataItem) -> Bool {
         matcher(item)

@@ -23,7 +23,7 @@ import UbiquityStore
 /// - **A move that would make a cycle** (a directory moved into its own
 ///   subtree by the two moves together): the committed move wins; the local
 ///   directory that closed the cycle moves to the container's root.
-nonisolated(unsafe) let traceApply = ProcessInfo.processInfo.environment["UBQ_TRACE_APPLY"] != nil
+let traceApply = ProcessInfo.processInfo.environment["UBQ_TRACE_APPLY"] != nil
 func trace(_ text: @autoclosure () -> String) { if traceApply { print("APPLY " + text()) } }
 
 struct ChangeApplier {

@@ -17,6 +17,13 @@ private func matches(_ predicate: String, _ values: [String: MetadataValue],
 }
 
 @Suite struct SemanticsTests {
+    @Test func predicateAttributesAreWhatThePredicateReads() throws {
+        let query = try Query(predicate: "NOT (kMDItemFSName LIKE '*.md' OR size > 3) AND isDownloading == NO AND TRUEPREDICATE",
+                              sort: "-modificationDate")
+        #expect(query.predicateAttributes == ["name", "size", "isDownloading"])
+        #expect(try Query(predicate: "TRUEPREDICATE").predicateAttributes.isEmpty)
+    }
+
     @Test func stringOperators() {
         let file: [String: MetadataValue] = ["name": .string("Résumé Final.MD")]
         #expect(matches("name == 'Résumé Final.MD'", file))

@@ -3,6 +3,7 @@ import Testing
 import UbiquityFS
 import UbiquityReplica
 import UbiquityStore
+import UbiquitySync
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -109,5 +110,18 @@ import Glibc
         #expect(try a.list("") == ["Documents"])
         #expect(try a.list("Documents") == ["from-a.txt", "from-b.txt"])
         #expect(try b.tree() == a.tree())
+    }
+}
+
+/// Content types from shared-mime-info's globs, matched case-insensitively.
+@Suite struct ContentTypeTests {
+    @Test func namesSuffixesAndPatterns() {
+        let types = ContentTypes.shared
+        #expect(types.type(ofFileNamed: "notes.MD") == "text/markdown")
+        #expect(types.type(ofFileNamed: "backup.tar.gz") == "application/x-compressed-tar")
+        #expect(types.type(ofFileNamed: "Makefile") == "text/x-makefile")
+        #expect(types.type(ofFileNamed: "README") == "text/x-readme")
+        #expect(types.type(ofFileNamed: "libz.so.1") == "application/x-sharedlib")
+        #expect(types.type(ofFileNamed: "f000123") == "application/octet-stream")
     }
 }
