@@ -356,7 +356,7 @@ final class Daemon: @unchecked Sendable {
     func containerConfigs() -> [String: ContainerConfig] {
         let cache = locations.dataHome.appendingPathComponent("replicas").appendingPathComponent(store.storeID)
             .appendingPathComponent("containers.json")
-        if offlineReason == nil, let list = try? store.containers() {
+        if store.isReachable, let list = try? store.containers() {
             if let data = try? JSONEncoder().encode(list), data != FileManager.default.contents(atPath: cache.path) {
                 try? data.write(to: cache, options: .atomic)
             }

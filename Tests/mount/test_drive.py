@@ -247,3 +247,32 @@ def test_watch_on_the_drive_follows_another_device(store, make_device):
     finally:
         watch.terminate()
         watch.wait(10)
+
+
+def test_drive_offline_keeps_its_folders_and_queues_changes(store, make_device, tmp_path):
+    """Started with the store unreachable, the drive shows the folders it knew
+    (from the container list last seen) and queues what is written."""
+    from test_sync import StoreLink, status_json
+    container(store, "create", NOTES, "--name", "Notes", "--public")
+    link = StoreLink(tmp_path / "store-link", store)
+    try:
+        drive = make_device("drive", store=link.path)
+        (drive.mountpoint / "Notes" / "before.txt").write_text("before")
+        drive.unmount()
+
+        link.cut()
+        drive.mount()
+        assert sorted(os.listdir(drive.mountpoint)) == ["Notes"]
+        assert (drive.mountpoint / "Notes" / "before.txt").read_text() == "before"
+        (drive.mountpoint / "Notes" / "offline.txt").write_text("queued")
+        s = status_json(drive)
+        assert s["storeReachable"] is False and s["pendingItems"] >= 1, s
+
+        link.restore()
+        assert wait_until(lambda: status_json(drive)["pendingItems"] == 0, 30), status_json(drive)
+        other = make_device("other", mount=False, container=NOTES)
+        other.mount_args = ("--scope", "documents")
+        other.mount()
+        assert (other.mountpoint / "offline.txt").read_text() == "queued"
+    finally:
+        link.restore()
