@@ -131,10 +131,13 @@ enum QueryService {
     /// containers come and go).
     static func serve(_ req: [String: Any], connection: ControlConnection, sources: () throws -> [QuerySource]) {
         let query: Query
-        var current: [(UInt64, MetadataItem)]
+        var watched = WatchState()
+        var results: [(UInt64, MetadataItem)]
         do {
             query = try Query(predicate: req["predicate"] as? String ?? "TRUEPREDICATE", sort: req["sort"] as? String)
-            current = run(query, scopes: [.all], records: try records(sources()))
+            let current = try sources()
+            watched.mark(current)   // before reading: what changes meanwhile is looked at again
+            results = run(query, scopes: [.all], records: records(current))
         } catch {
             connection.send(["error": "\(error)"])
             return
@@ -142,17 +145,20 @@ enum QueryService {
         // Results are written by hand, a thousand lines a write: JSONSerialization
         // would spend seconds on 100,000 items.
         var start = 0
-        while start < current.count {
-            let lines = current[start..<min(current.count, start + 1000)].map { eventLine("result", $0.1) }
+        while start < results.count {
+            let lines = results[start..<min(results.count, start + 1000)].map { eventLine("result", $0.1) }
             guard connection.sendRaw(Data(lines.joined(separator: "\n").utf8)) else { return }
             start += 1000
         }
         guard req["watch"] as? Bool == true else {
-            connection.send(["ok": true, "count": current.count])
+            connection.send(["ok": true, "count": results.count])
             return
         }
-        guard connection.send(["event": "gatheringFinished", "count": current.count]) else { return }
+        guard connection.send(["event": "gatheringFinished", "count": results.count]) else { return }
         let throttle = max(0.05, req["throttle"] as? Double ?? 1)
+        var current = Dictionary(results, uniquingKeysWith: { a, _ in a })
+        results = []
+        let predicateAttributes = query.predicateAttributes
         func generation() -> [UInt64] { ((try? sources()) ?? []).map { $0.key &* 1_000_003 &+ $0.engine.changeGeneration } }
         var seen = generation()
         var lastBeat = Date()
@@ -175,20 +181,75 @@ enum QueryService {
             lastBatch = Date()
             seen = generation()
             guard let sources = try? sources() else { continue }
-            let next = run(query, scopes: [.all], records: records(sources))
-            let before = Dictionary(current.map { ($0.0, $0.1) }, uniquingKeysWith: { a, _ in a })
-            let after = Dictionary(next.map { ($0.0, $0.1) }, uniquingKeysWith: { a, _ in a })
+            // Only the items that changed, unless paths or the sources moved.
             var events: [String] = []
-            for (key, item) in next {
-                if let old = before[key] {
-                    if old != item { events.append(eventLine("changed", item)) }
-                } else {
-                    events.append(eventLine("added", item))
+            func settle(_ key: UInt64, _ item: MetadataItem?) {
+                let old = current[key]
+                if let item {
+                    if old != item { events.append(eventLine(old == nil ? "added" : "changed", item)) }
+                    current[key] = item
+                } else if let old {
+                    events.append(eventLine("removed", old))
+                    current[key] = nil
                 }
             }
-            for (key, item) in current where after[key] == nil { events.append(eventLine("removed", item)) }
-            current = next
+            if let changed = watched.changes(sources) {
+                var updated: [UInt64: MetadataItem] = [:]
+                for source in sources {
+                    let inos = changed[source.key] ?? []
+                    for var record in source.engine.items(inos) where inScopes(record.path, source.scopes) {
+                        record.path = source.rewrite(record.path)
+                        record.ino = source.key << 48 | record.ino
+                        if updated[record.ino] == nil, query.matches(metadata(record, only: predicateAttributes)) {
+                            updated[record.ino] = metadata(record)
+                        }
+                    }
+                }
+                for (key, inos) in changed { for ino in inos { settle(key << 48 | ino, updated[key << 48 | ino]) } }
+            } else {
+                watched.mark(sources)
+                let next = Dictionary(run(query, scopes: [.all], records: records(sources)), uniquingKeysWith: { a, _ in a })
+                for key in Set(current.keys).union(next.keys) { settle(key, next[key]) }
+            }
             if !events.isEmpty { guard connection.sendRaw(Data(events.joined(separator: "\n").utf8)) else { return } }
+        }
+    }
+
+    /// Where a watch stands with each source: its change counters when last
+    /// read, and what the sync status said (which colours every unpushed item).
+    struct WatchState {
+        var marks: [UInt64: (seq: UInt64, structure: UInt64, status: String)] = [:]
+
+        static func status(_ engine: SyncEngine) -> String {
+            let s = engine.currentStatus
+            return "\(s.storeReachable) \(s.lastError ?? "")"
+        }
+
+        /// Remember where every source stands now (before reading all its items).
+        mutating func mark(_ sources: [QuerySource]) {
+            marks = [:]
+            for source in sources {
+                let now = source.engine.itemChanges(since: .max, structure: .max)
+                marks[source.key] = (now.seq, now.structure, Self.status(source.engine))
+            }
+        }
+
+        /// The inodes to look at again, per source key; nil when every item
+        /// must be read again (a source came or went, a directory moved, the
+        /// sync status changed, the change log wrapped).
+        mutating func changes(_ sources: [QuerySource]) -> [UInt64: Set<UInt64>]? {
+            guard Set(sources.map(\.key)) == Set(marks.keys) else { return nil }
+            var out: [UInt64: Set<UInt64>] = [:]
+            var next = marks
+            for source in sources {
+                guard let mark = marks[source.key], mark.status == Self.status(source.engine) else { return nil }
+                let found = source.engine.itemChanges(since: mark.seq, structure: mark.structure)
+                guard let inos = found.inos else { return nil }
+                out[source.key] = inos
+                next[source.key] = (found.seq, found.structure, mark.status)
+            }
+            marks = next
+            return out
         }
     }
 

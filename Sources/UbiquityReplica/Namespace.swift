@@ -31,6 +31,14 @@ public struct Namespace: Sendable {
     /// Bumped by every change worth pushing; the sync engine waits on it.
     public internal(set) var pushWork: UInt64 = 0
 
+    /// Items changed (their node, an entry naming them, their writers), newest
+    /// last, in a ring: what a metadata query's watch looks at again.
+    /// `structureSeq` moves when a directory is linked, unlinked or pinned,
+    /// which may change the path or pin of everything below it.
+    public internal(set) var itemChangeSeq: UInt64 = 0
+    public internal(set) var structureSeq: UInt64 = 0
+    var itemChangeRing = [UInt64](repeating: 0, count: 16_384)
+
     public static let rootIno: UInt64 = 1
 
     public init() {}
@@ -47,12 +55,43 @@ public struct Namespace: Sendable {
 
     /// A node row changed: write it with the next commit, and track whether it has something to push.
     mutating func touched(_ ino: UInt64) {
+        itemChanged(ino)
         dirtyRows.insert(ino)
         if let n = nodes[ino], n.hasUnpushedMetadata || n.hasUnpushedContent {
             unpushed.insert(ino)
         } else {
             unpushed.remove(ino)
         }
+    }
+
+    mutating func itemChanged(_ ino: UInt64) {
+        itemChangeRing[Int(itemChangeSeq % UInt64(itemChangeRing.count))] = ino
+        itemChangeSeq += 1
+    }
+
+    /// What changed below every path: a watch reads every item again.
+    public mutating func structureChanged() { structureSeq += 1 }
+
+    /// The items changed since `seq` (a value of `itemChangeSeq`), or nil if
+    /// the ring no longer reaches back that far.
+    public func itemsChanged(since seq: UInt64) -> Set<UInt64>? {
+        guard seq <= itemChangeSeq, itemChangeSeq - seq <= UInt64(itemChangeRing.count) else { return nil }
+        var out = Set<UInt64>()
+        for s in seq..<itemChangeSeq { out.insert(itemChangeRing[Int(s % UInt64(itemChangeRing.count))]) }
+        return out
+    }
+
+    /// A directory's path from the root ("" for the root itself), or nil if
+    /// it is not linked.
+    public func directoryPath(_ dir: UInt64) -> String? {
+        var names: [String] = []
+        var current = dir
+        while current != Self.rootIno {
+            guard let node = nodes[current], let parent = directoryParent[current], names.count < 100_000 else { return nil }
+            names.append(node.lastName.description)
+            current = parent
+        }
+        return names.reversed().map { "/" + $0 }.joined()
     }
 
     mutating func nextChange() -> UInt64 {
@@ -122,8 +161,9 @@ public struct Namespace: Sendable {
 
     /// Runtime-only bookkeeping (lookup and open counts): not persisted.
     public mutating func updateRuntime(_ ino: UInt64, _ body: (inout LocalNode) -> Void) {
-        guard nodes[ino] != nil else { return }
+        guard let writers = nodes[ino]?.openWriters else { return }
         body(&nodes[ino]!)
+        if nodes[ino]!.openWriters != writers { itemChanged(ino) }   // isUploading follows it
     }
 
     /// Link `ino` as `name` in `parent`, replacing whatever was there (the
@@ -137,6 +177,7 @@ public struct Namespace: Sendable {
             nodes[ino]?.nlink = 2 + subdirectories
             nodes[parent]?.nlink += 1
             directoryParent[ino] = parent
+            structureChanged()
             touched(parent)
         } else {
             nodes[ino]?.nlink += 1
@@ -160,6 +201,7 @@ public struct Namespace: Sendable {
                 touched(parent)
                 nodes[ino]!.nlink = 0
                 directoryParent[ino] = nil
+                structureChanged()
             } else if nodes[ino]!.nlink > 0 {
                 nodes[ino]!.nlink -= 1
             }

@@ -99,6 +99,39 @@ extension SyncEngine {
         return out
     }
 
+    /// What a watch needs to look at again since `seq` and `structure` (the
+    /// values it got last time): the items changed, plus those downloading
+    /// (their progress moves without a change of their node); nil inos when
+    /// it must read every item again.
+    public func itemChanges(since seq: UInt64, structure: UInt64) -> (seq: UInt64, structure: UInt64, inos: Set<UInt64>?) {
+        let downloading = downloads.withJobs { Set($0.keys.map(\.ino)) }
+        return replica.withNamespace { ns in
+            let changed = ns.structureSeq == structure ? ns.itemsChanged(since: seq) : nil
+            return (ns.itemChangeSeq, ns.structureSeq, changed.map { $0.union(downloading) })
+        }
+    }
+
+    /// The items `inos` as a query sees them (one record per name of each).
+    public func items(_ inos: Set<UInt64>) -> [ItemRecord] {
+        let jobs = downloads.withJobs { $0 }
+        let sync = currentStatus
+        return replica.withNamespace { ns in
+            var out: [ItemRecord] = []
+            for ino in inos {
+                guard let node = ns.node(ino) else { continue }
+                for key in ns.entriesNaming(ino) {
+                    guard let prefix = ns.directoryPath(key.parent) else { continue }
+                    out.append(ItemRecord(ino: ino, path: prefix + "/" + key.name.description, name: key.name.description,
+                                          isDirectory: node.kind == .directory, size: node.size,
+                                          created: node.btime, modified: node.mtime,
+                                          status: ItemStatus.make(node, pinned: ns.isPinned(ino),
+                                                                  download: jobs[DownloadBoard.JobKey(ino: ino, hash: node.hash)], sync: sync)))
+                }
+            }
+            return out
+        }
+    }
+
     /// Moves whenever what a query could see may have changed (local
     /// changes, pulls, download progress): a watch recomputes only then.
     public var changeGeneration: UInt64 {

@@ -45,6 +45,7 @@ extension SyncEngine {
         try replica.withNamespace { ns in
             guard ns.node(ino) != nil else { throw UbiquityError(ENOENT) }
             ns.update(ino, local: false) { $0.pinned = pinned }
+            if ns.node(ino)?.kind == .directory { ns.structureChanged() }   // everything below follows
         }
         try replica.persist()
         if pinned {

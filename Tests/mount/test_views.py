@@ -85,6 +85,8 @@ def test_status_attributes_are_readable_but_never_listed(make_device):
 
 def test_query_over_a_mount_and_its_watch(make_device):
     import json
+    import queue
+    import threading
     import time
 
     dev = make_device("a")
@@ -109,15 +111,41 @@ def test_query_over_a_mount_and_its_watch(make_device):
 
     watch = subprocess.Popen([str(BIN), "query", str(root), "--watch", "--json", "--throttle", "0.2",
                               "--predicate", "name ENDSWITH '.log'"], env=dev.env(), stdout=subprocess.PIPE, text=True)
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(json.loads(line)) for line in watch.stdout], daemon=True).start()
+
+    def wait_for(event, **item):
+        """The next event of kind `event` whose item has these values; other
+        updates (an item's upload finishing) may come first."""
+        seen = []
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            try:
+                got = lines.get(timeout=max(0.1, deadline - time.monotonic()))
+            except queue.Empty:
+                break
+            if got["event"] == event and all(got.get("item", {}).get(k) == v for k, v in item.items()):
+                return got
+            assert got["event"] in ("changed", "heartbeat"), f"unexpected {got} while waiting for {event} {item}"
+            seen.append(got)
+        raise AssertionError(f"no {event} {item} within 20 s; got {seen}")
+
     try:
-        first = json.loads(watch.stdout.readline())
+        first = lines.get(timeout=20)
         assert first["event"] == "gatheringFinished" and first["count"] == 0, first
         (root / "new.log").write_text("x")
-        added = json.loads(watch.stdout.readline())
-        assert added["event"] == "added" and added["item"]["name"] == "new.log", added
+        wait_for("added", name="new.log")
         os.unlink(root / "new.log")
-        removed = json.loads(watch.stdout.readline())
-        assert removed["event"] == "removed" and removed["item"]["name"] == "new.log", removed
+        wait_for("removed", name="new.log")
+        # Moving a folder changes the path of what is inside: seen as a change of each item.
+        os.makedirs(root / "logs" / "old")
+        (root / "logs" / "old" / "a.log").write_text("a")
+        wait_for("added", path="/logs/old/a.log")
+        os.rename(root / "logs" / "old", root / "logs" / "new")
+        wait_for("changed", path="/logs/new/a.log")
+        with open(root / "logs" / "new" / "a.log", "a") as f:
+            f.write("more")
+        wait_for("changed", path="/logs/new/a.log", size=5)
     finally:
         watch.terminate()
         watch.wait(10)
