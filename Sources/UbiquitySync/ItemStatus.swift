@@ -89,10 +89,12 @@ extension SyncEngine {
                 guard let node = ns.node(entry.ino) else { continue }
                 let path = prefix + "/" + name.description
                 let pinned = pinnedAbove || node.pinned
+                // (No job key to hash when nothing downloads, the usual case.)
+                let job = jobs.isEmpty ? nil : jobs[DownloadBoard.JobKey(ino: entry.ino, hash: node.hash)]
                 out.append(ItemRecord(ino: entry.ino, path: path, name: name.description,
                                       isDirectory: node.kind == .directory, size: node.size,
                                       created: node.btime, modified: node.mtime,
-                                      status: ItemStatus.make(node, pinned: pinned, download: jobs[DownloadBoard.JobKey(ino: entry.ino, hash: node.hash)], sync: sync)))
+                                      status: ItemStatus.make(node, pinned: pinned, download: job, sync: sync)))
                 if node.kind == .directory { stack.append((entry.ino, path, pinned)) }
             }
         }
