@@ -65,6 +65,8 @@ final class Daemon: @unchecked Sendable {
     struct State {
         var containers: [String: ContainerHost] = [:]
         var mounts: [String: MountHost] = [:]
+        /// Mountpoints being mounted (the daemon does not stop under them).
+        var mounting: Set<String> = []
         /// Set when the last mount ended: new mounts go to a new daemon.
         var stopping = false
     }
@@ -205,8 +207,20 @@ final class Daemon: @unchecked Sendable {
         let mountpoint = try Self.validateMountpoint(request.mountpoint)
         try state.withLock { s in
             if s.stopping { throw UbiquityError(EAGAIN, "the daemon is stopping; try again") }
-            if s.mounts[mountpoint] != nil { throw UbiquityError(EBUSY, "\(mountpoint) is already mounted") }
+            if s.mounts[mountpoint] != nil || s.mounting.contains(mountpoint) {
+                throw UbiquityError(EBUSY, "\(mountpoint) is already mounted")
+            }
+            s.mounting.insert(mountpoint)
         }
+        do {
+            try mount(request, at: mountpoint)
+        } catch {
+            settle { $0.mounting.remove(mountpoint) }
+            throw error
+        }
+    }
+
+    func mount(_ request: MountRequest, at mountpoint: String) throws {
         let host: MountHost
         if let id = request.container {
             let container = try openContainer(id, create: true)
@@ -233,23 +247,34 @@ final class Daemon: @unchecked Sendable {
             }
             refreshDrive(host)
         }
+        // Listed before it serves: its loop may end (and unlist it) at once.
+        settle { s in
+            s.mounting.remove(mountpoint)
+            s.mounts[mountpoint] = host
+        }
         do {
             try host.start(fuseOptions: request.fuseOptions)
         } catch {
             let hosts = host.hosts
             for container in hosts { container.removeViewer(host.session) }
             try? release(hosts, drain: nil)
+            settle { $0.mounts[mountpoint] = nil }
             throw error
         }
-        state.withLock { $0.mounts[mountpoint] = host }
     }
 
     /// A mount's FUSE loop has ended and its containers are let go.
     func mountEnded(_ host: MountHost) {
+        settle { $0.mounts[host.mountpoint] = nil }
+    }
+
+    /// Change the list of mounts; when none is left or coming, the daemon stops.
+    func settle(_ change: (inout State) -> Void) {
         let last = state.withLock { s -> Bool in
-            s.mounts[host.mountpoint] = nil
-            if s.mounts.isEmpty { s.stopping = true }
-            return s.mounts.isEmpty
+            change(&s)
+            guard s.mounts.isEmpty, s.mounting.isEmpty, !s.stopping else { return false }
+            s.stopping = true
+            return true
         }
         if last { everyMountEnded.signal() }
     }

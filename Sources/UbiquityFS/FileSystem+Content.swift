@@ -123,7 +123,9 @@ extension FileSystem {
 
     /// Count the open and hand out a handle for `fd`.
     func register(ino: UInt64, fd: Int32, writable: Bool, streaming: (size: UInt64, version: String?)? = nil) -> OpenReply {
-        // Keep the kernel's pages only if they were filled from this very content.
+        // Keep the kernel's pages only if they were filled from this very content
+        // (and by this mount's kernel: asked before the namespace lock is taken).
+        let soleView = options.soleView()
         let (epoch, keepCache) = replica.withNamespace { ns -> (UInt32, Bool) in
             let now = Self.monotonicNow()
             var result: (UInt32, Bool) = (0, true)
@@ -131,7 +133,7 @@ extension FileSystem {
                 $0.openCount += 1
                 $0.lastAccess = now
                 if writable { $0.openWriters += 1 }
-                result = ($0.contentEpoch, $0.kernelEpoch == $0.contentEpoch && streaming == nil && options.soleView())
+                result = ($0.contentEpoch, $0.kernelEpoch == $0.contentEpoch && streaming == nil && soleView)
                 $0.kernelEpoch = $0.contentEpoch
             }
             return result
