@@ -1,5 +1,8 @@
 import ArgumentParser
 import Foundation
+#if canImport(Glibc)
+import Glibc
+#endif
 import UbiquityReplica
 import UbiquityStore
 
@@ -57,12 +60,21 @@ struct ContainerList: ParsableCommand {
 
     func run() throws {
         do {
-            for c in try storeOption.open().containers() {
+            let listing = try storeOption.open().containers()
+            for c in listing.configs {
                 if json {
                     print(String(decoding: try JSONEncoder().encode(c), as: UTF8.self))
                 } else {
                     print("\(c.id)\t\(c.displayName)\t\(c.documentScopePublic ? "public" : "private")\t\(c.supportedFolderLevels.rawValue)")
                 }
+            }
+            // The others are listed; a damaged one is an error, named on stderr.
+            if !listing.damaged.isEmpty {
+                fflush(nil)
+                for (id, problem) in listing.damaged {
+                    FileHandle.standardError.write(Data("ubiquityfs: container \(id): \(problem)\n".utf8))
+                }
+                Glibc.exit(1)
             }
         } catch { fail(error) }
     }

@@ -72,6 +72,8 @@ final class Daemon: @unchecked Sendable {
     }
     let state = Mutex(State())
     let opening = Mutex(())
+    /// Damaged container configurations already logged.
+    let reportedDamage = Mutex(Set<String>())
     let everyMountEnded = DispatchSemaphore(value: 0)
 
     init(settings: DaemonSettings) {
@@ -377,18 +379,26 @@ final class Daemon: @unchecked Sendable {
     // MARK: - The drive's folders
 
     /// The store's containers by ID; when the store cannot be read, the list
-    /// last seen (kept beside the replicas), so a drive works offline.
+    /// last seen (kept beside the replicas), so a drive works offline. A
+    /// container whose configuration is damaged keeps the one last seen (and
+    /// the log says so, once).
     func containerConfigs() -> [String: ContainerConfig] {
         let cache = locations.dataHome.appendingPathComponent("replicas").appendingPathComponent(store.storeID)
             .appendingPathComponent("containers.json")
-        if store.isReachable, let list = try? store.containers() {
-            if let data = try? JSONEncoder().encode(list), data != FileManager.default.contents(atPath: cache.path) {
-                try? data.write(to: cache, options: .atomic)
-            }
-            return Dictionary(list.map { ($0.id, $0) }, uniquingKeysWith: { a, _ in a })
+        let lastSeen = (try? JSONDecoder().decode([ContainerConfig].self, from: Data(contentsOf: cache))) ?? []
+        var configs = Dictionary(lastSeen.map { ($0.id, $0) }, uniquingKeysWith: { a, _ in a })
+        guard store.isReachable, let listing = try? store.containers() else { return configs }
+        let damaged = Set(listing.damaged.map(\.id))
+        configs = configs.filter { damaged.contains($0.key) }
+        for config in listing.configs { configs[config.id] = config }
+        for (id, problem) in listing.damaged where reportedDamage.withLock({ $0.insert(id + problem).inserted }) {
+            logger.error("container \(id): \(problem); using the configuration last seen")
         }
-        let list = (try? JSONDecoder().decode([ContainerConfig].self, from: Data(contentsOf: cache))) ?? []
-        return Dictionary(list.map { ($0.id, $0) }, uniquingKeysWith: { a, _ in a })
+        let list = configs.values.sorted { $0.id < $1.id }
+        if let data = try? JSONEncoder().encode(list), data != FileManager.default.contents(atPath: cache.path) {
+            try? data.write(to: cache, options: .atomic)
+        }
+        return configs
     }
 
     /// Show a folder in `mount` (a drive) for each container whose Documents

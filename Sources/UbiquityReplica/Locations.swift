@@ -86,7 +86,7 @@ public struct DeviceIdentity: Codable, Sendable {
         }
         var buffer = [CChar](repeating: 0, count: 256)
         gethostname(&buffer, 255)
-        let host = String(cString: buffer)
+        let host = String(decoding: buffer.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
         let identity = DeviceIdentity(id: UUID().uuidString.lowercased(), name: name ?? (host.isEmpty ? "device" : host))
         try FileManager.default.createDirectory(at: dataHome, withIntermediateDirectories: true)
         try JSONEncoder().encode(identity).write(to: url, options: .atomic)

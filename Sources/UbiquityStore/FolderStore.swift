@@ -149,10 +149,18 @@ public final class FolderStore: Store {
                          tmpDir: root.appendingPathComponent("tmp"), exclusive: false)
     }
 
-    public func containers() throws -> [ContainerConfig] {
+    public func containers() throws -> ContainerListing {
         try checkReachable()
         let names = (try? FileManager.default.contentsOfDirectory(atPath: root.appendingPathComponent("containers").path)) ?? []
-        return try names.sorted().compactMap { try containerConfig($0) }
+        var listing = ContainerListing(configs: [])
+        for name in names.sorted() {
+            do {
+                if let config = try containerConfig(name) { listing.configs.append(config) }
+            } catch {
+                listing.damaged.append((name, "\(UbiquityError.wrap(error))"))
+            }
+        }
+        return listing
     }
 
     static func encode(_ config: ContainerConfig) throws -> Data {

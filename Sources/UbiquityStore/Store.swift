@@ -17,7 +17,9 @@ public protocol Store: Sendable {
     func containerConfig(_ container: String) throws -> ContainerConfig?
     func createContainer(_ config: ContainerConfig) throws
     func updateContainer(_ config: ContainerConfig) throws
-    func containers() throws -> [ContainerConfig]
+    /// Every container, by ID; one whose configuration cannot be read is
+    /// listed as damaged instead of failing the whole list.
+    func containers() throws -> ContainerListing
 
     /// Append `changeSet` as journal record `seq`. Returns `false` (and
     /// writes nothing) when `seq` already exists: another device won.
@@ -43,6 +45,18 @@ public protocol Store: Sendable {
 
 extension Store {
     public func watchJournal(container: String) -> (any JournalWatcher)? { nil }
+}
+
+/// The containers of a store: those whose configuration reads, and those
+/// whose configuration is damaged (ID and what is wrong).
+public struct ContainerListing: Sendable {
+    public var configs: [ContainerConfig]
+    public var damaged: [(id: String, problem: String)]
+
+    public init(configs: [ContainerConfig], damaged: [(id: String, problem: String)] = []) {
+        self.configs = configs
+        self.damaged = damaged
+    }
 }
 
 /// Wakes the puller when new journal records may exist.

@@ -38,7 +38,9 @@ public final class InMemoryStore: Store {
         }
     }
 
-    public func containers() throws -> [ContainerConfig] { state.withLock { Array($0.configs.values) }.sorted { $0.id < $1.id } }
+    public func containers() throws -> ContainerListing {
+        ContainerListing(configs: state.withLock { Array($0.configs.values) }.sorted { $0.id < $1.id })
+    }
 
     public func commit(container: String, seq: UInt64, changeSet: ChangeSet) throws -> Bool {
         let data = try JSONEncoder().encode(changeSet)
@@ -107,7 +109,7 @@ public final class FaultyStore: Store, CustomStringConvertible {
     public func containerConfig(_ container: String) throws -> ContainerConfig? { try base.containerConfig(container) }
     public func createContainer(_ config: ContainerConfig) throws { try base.createContainer(config) }
     public func updateContainer(_ config: ContainerConfig) throws { try base.updateContainer(config) }
-    public func containers() throws -> [ContainerConfig] { try base.containers() }
+    public func containers() throws -> ContainerListing { try base.containers() }
     public func commit(container: String, seq: UInt64, changeSet: ChangeSet) throws -> Bool {
         try check(.commit)
         return try base.commit(container: container, seq: seq, changeSet: changeSet)

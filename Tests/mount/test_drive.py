@@ -276,3 +276,26 @@ def test_drive_offline_keeps_its_folders_and_queues_changes(store, make_device, 
         assert (other.mountpoint / "offline.txt").read_text() == "queued"
     finally:
         link.restore()
+
+
+def test_a_damaged_container_configuration_loses_nothing(store, make_device):
+    """A container.json that no longer parses: `container list` names it and
+    still lists the others; the drive keeps that container's folder as last
+    seen and keeps following the other containers."""
+    container(store, "create", NOTES, "--name", "Notes", "--public")
+    container(store, "create", "com.example.other", "--name", "Other", "--public")
+    drive = make_device("drive")
+    (drive.mountpoint / "Notes" / "kept.txt").write_text("kept")
+    assert sorted(os.listdir(drive.mountpoint)) == ["Notes", "Other"]
+
+    config = store / "containers" / NOTES / "container.json"
+    config.write_text('{"id": "com.example.notes", "displayName": ')   # torn
+    listed = subprocess.run([str(BIN), "container", "list", "--store", str(store)], capture_output=True, text=True)
+    assert listed.returncode != 0 and NOTES in listed.stderr and "damaged" in listed.stderr, listed
+    assert "com.example.other\tOther\tpublic" in listed.stdout, listed
+
+    container(store, "set", "com.example.other", "--name", "Renamed")
+    assert wait_until(lambda: sorted(os.listdir(drive.mountpoint)) == ["Notes", "Renamed"], LIVE), \
+        os.listdir(drive.mountpoint)
+    assert (drive.mountpoint / "Notes" / "kept.txt").read_text() == "kept"
+    (drive.mountpoint / "Notes" / "still-writable.txt").write_text("yes")
