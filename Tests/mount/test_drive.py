@@ -299,3 +299,34 @@ def test_a_damaged_container_configuration_loses_nothing(store, make_device):
         os.listdir(drive.mountpoint)
     assert (drive.mountpoint / "Notes" / "kept.txt").read_text() == "kept"
     (drive.mountpoint / "Notes" / "still-writable.txt").write_text("yes")
+
+
+def test_concurrent_mounts_of_one_device_share_one_daemon(store, make_device):
+    """Three `mount` commands at once on one device and store: one daemon
+    starts, the others join it; every mount works and unmounts on its own."""
+    container(store, "create", NOTES, "--name", "Notes", "--public")
+    first = make_device("drive", mount=False)
+    devices = [first,
+               make_device("data", data_home=first.data_home, mount=False, container=NOTES),
+               make_device("docs", data_home=first.data_home, mount=False, container=NOTES)]
+    devices[1].mount_args = ("--scope", "data")
+    devices[2].mount_args = ("--scope", "documents")
+    results = [None] * 3
+    threads = [threading.Thread(target=lambda i=i: results.__setitem__(i, devices[i].mount(check=False)))
+               for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(MOUNT_TIMEOUT)
+    assert all(r is not None and r.returncode == 0 for r in results), results
+    assert len({d.pid for d in devices}) == 1, [d.pid for d in devices]
+    (devices[2].mountpoint / "from-docs.txt").write_text("d")
+    assert (devices[0].mountpoint / "Notes" / "from-docs.txt").read_text() == "d"
+    (devices[1].mountpoint / "db").write_text("x")
+    assert os.listdir(devices[1].mountpoint) == ["db"]
+    for dev in devices[1:]:
+        res = dev.cli("unmount", str(dev.mountpoint), timeout=60)
+        assert res.returncode == 0, res
+        dev.pid = None
+    assert pid_alive(first.pid)
+    first.unmount()
