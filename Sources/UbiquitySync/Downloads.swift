@@ -185,15 +185,20 @@ extension SyncEngine {
                     var st = stat()
                     fstat(fd, &st)
                     let present = UInt64(max(0, st.st_size))
+                    // Chunks are fetched (and verified) up to `ChunkFetcher.depth` ahead on
+                    // their own threads, and written here in order, so `verified` only grows.
+                    let fetcher = ChunkFetcher(store: store, hashes: manifest.chunks)
+                    defer { fetcher.cancel() }
                     for (index, chunkHash) in manifest.chunks.enumerated() {
                         let offset = UInt64(index) * manifest.chunkSize
                         let count = min(manifest.chunkSize, size - offset)
                         if present >= offset + count, let existing = Self.read(fd, offset: offset, count: Int(count)),
                            ContentCopy.hash(of: existing) == chunkHash {
+                            fetcher.skip(index)
                             progress(ino, hash: hash, verified: offset + count)   // resumed: already here and intact
                             continue
                         }
-                        let data = try store.fetchBlob(chunkHash)
+                        let data = try fetcher.take(index)
                         guard UInt64(data.count) == count else { throw UbiquityError(EIO, "chunk \(chunkHash) has the wrong size") }
                         try write(data, at: offset)
                         progress(ino, hash: hash, verified: offset + count)
@@ -236,5 +241,81 @@ extension SyncEngine {
         var data = Data(count: count)
         let n = data.withUnsafeMutableBytes { pread(fd, $0.baseAddress, count, off_t(offset)) }
         return n == count ? data : nil
+    }
+}
+
+/// Fetches the chunks of one download a few ahead of the writer, on two
+/// threads (fetching a chunk is a read plus a SHA-256 check: CPU the writer
+/// does not wait for). Chunks the writer found already downloaded are skipped.
+final class ChunkFetcher: @unchecked Sendable {
+    static let depth = 2
+    static let threads = 2
+
+    let store: any Store
+    let hashes: [String]
+    let condition = NSCondition()
+    /// Guarded by `condition`.
+    var results: [Int: Result<Data, any Error>] = [:]
+    var skipped: Set<Int> = []
+    var next = 0
+    var taken = 0
+    var cancelled = false
+
+    init(store: any Store, hashes: [String]) {
+        self.store = store
+        self.hashes = hashes
+        for _ in 0..<min(Self.threads, hashes.count) {
+            let thread = Thread { [self] in work() }
+            thread.name = "ubiquityfs-fetch"
+            thread.start()
+        }
+    }
+
+    func work() {
+        while true {
+            condition.lock()
+            while !cancelled && next < hashes.count && (next >= taken + Self.depth || skipped.contains(next)) {
+                if skipped.contains(next) { next += 1; continue }
+                condition.wait()
+            }
+            guard !cancelled, next < hashes.count else { condition.unlock(); return }
+            let index = next
+            next += 1
+            condition.unlock()
+            let result = Result { try store.fetchBlob(hashes[index]) }
+            condition.lock()
+            results[index] = result
+            condition.broadcast()
+            condition.unlock()
+        }
+    }
+
+    /// Chunk `index`, fetched and verified (waits for it).
+    func take(_ index: Int) throws -> Data {
+        condition.lock()
+        defer { condition.unlock() }
+        while results[index] == nil { condition.wait() }
+        let result = results.removeValue(forKey: index)!
+        taken = index + 1
+        condition.broadcast()
+        return try result.get()
+    }
+
+    /// The writer has chunk `index` already: do not fetch it.
+    func skip(_ index: Int) {
+        condition.lock()
+        skipped.insert(index)
+        results[index] = nil
+        taken = index + 1
+        condition.broadcast()
+        condition.unlock()
+    }
+
+    func cancel() {
+        condition.lock()
+        cancelled = true
+        results = [:]
+        condition.broadcast()
+        condition.unlock()
     }
 }
