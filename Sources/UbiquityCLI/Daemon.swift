@@ -74,6 +74,8 @@ final class Daemon: @unchecked Sendable {
     let opening = Mutex(())
     /// Damaged container configurations already logged.
     let reportedDamage = Mutex(Set<String>())
+    /// Container → drive slot (see `driveSlot`).
+    let driveSlots = Mutex([String: Int]())
     let everyMountEnded = DispatchSemaphore(value: 0)
 
     init(settings: DaemonSettings) {
@@ -240,7 +242,7 @@ final class Daemon: @unchecked Sendable {
             let home = try openContainer(Self.defaultContainer, create: true)
             do {
                 let view = try home.view(.all, folderLevels: .any)
-                let drive = DriveFileSystem(home: view)
+                let drive = DriveFileSystem(home: view, slotFor: { [self] in driveSlot($0) })
                 host = MountHost(mountpoint: mountpoint, kind: .drive(drive), fileSystem: drive, containers: [home], daemon: self)
                 home.addViewer(host.session) { view.kernelIno($0) }
             } catch {
@@ -426,6 +428,24 @@ final class Daemon: @unchecked Sendable {
         let changed = drive.update(folders: shown.map { ($0.id, $0.displayName) }, fileSystem: { views[$0] })
         for name in changed { mount.session.invalidateEntry(parent: 1, name: name) }
         if !changed.isEmpty { logger.info("drive at \(mount.mountpoint): folders changed (\(changed.map(\.description).sorted()))") }
+    }
+
+    /// The slot of a container in this device's drives (inode numbers
+    /// `slot << 48 | n`), kept in `drive-slots.json` beside the replicas so
+    /// that numbers stay the same across remounts.
+    func driveSlot(_ container: String) -> Int {
+        driveSlots.withLock { slots in
+            let file = locations.dataHome.appendingPathComponent("replicas").appendingPathComponent(store.storeID)
+                .appendingPathComponent("drive-slots.json")
+            if slots.isEmpty, let data = FileManager.default.contents(atPath: file.path) {
+                slots = (try? JSONDecoder().decode([String: Int].self, from: data)) ?? [:]
+            }
+            if let slot = slots[container] { return slot }
+            let slot = (slots.values.max() ?? 0) + 1
+            slots[container] = slot
+            if let data = try? JSONEncoder().encode(slots) { try? data.write(to: file, options: .atomic) }
+            return slot
+        }
     }
 
     func startDriveRefresher() {

@@ -16,6 +16,8 @@ import Glibc
 /// the container's slot in their top 16 bits: slot 0 is the home container
 /// (numbers unchanged), slot k ≥ 1 an app container, whose folder is inode
 /// `k << 48 | 1` (its FileSystem's root). Replica inodes stay below 2^48.
+/// Slots come from the daemon, which keeps them per device: numbers are
+/// stable across remounts.
 ///
 /// Folders are named by display name. When two containers share one, the
 /// container first by ID keeps it and the others show as `NAME (ID)`; an
@@ -46,8 +48,13 @@ public final class DriveFileSystem: MountedFileSystem {
     /// Listing offsets at and above this are container folders (after the home entries).
     static let folderOffsetBase: Int64 = 1 << 62
 
-    public init(home: FileSystem) {
+    /// The slot of a container (the daemon keeps them, so that inode numbers
+    /// stay the same across remounts).
+    let slotFor: @Sendable (String) -> Int
+
+    public init(home: FileSystem, slotFor: @escaping @Sendable (String) -> Int) {
         self.home = home
+        self.slotFor = slotFor
     }
 
     public var entryTimeout: Double { home.entryTimeout }
@@ -67,8 +74,9 @@ public final class DriveFileSystem: MountedFileSystem {
             if let fs = fileSystem(folder.containerID) { made[folder.containerID] = fs }
         }
         table.withLock { t in
-            for (id, fs) in made {
-                let slot = (t.slots.keys.max() ?? 0) + 1
+            for (id, fs) in made.sorted(by: { $0.key < $1.key }) {
+                var slot = slotFor(id)
+                if slot < 1 || slot > 0xffff || t.slots[slot] != nil { slot = (t.slots.keys.max() ?? 0) + 1 }
                 t.slots[slot] = fs
                 t.slotByContainer[id] = slot
             }

@@ -18,7 +18,8 @@ import Glibc
         let other = try TestDevice(store: InMemoryStore(), name: "other")
         for i in 0..<7 { try home.write("file\(i).txt", "h\(i)") }
         try home.mkdir("Photos")
-        let drive = DriveFileSystem(home: home.fs)
+        let slots = ["com.a.notes": 7, "com.b.notes": 3, "com.c.photos": 3]   // a clash: the last gets a free slot
+        let drive = DriveFileSystem(home: home.fs, slotFor: { slots[$0] ?? 0 })
         let views = ["com.a.notes": notes.fs, "com.b.notes": other.fs, "com.c.photos": other.fs]
         let changed = drive.update(folders: [("com.b.notes", "Notes"), ("com.a.notes", "Notes"), ("com.c.photos", "Photos")],
                                    fileSystem: { views[$0] })
@@ -35,7 +36,8 @@ import Glibc
         #expect(photos.ino == (try home.resolve("Photos")))
         // A folder is its container's root, numbered in its own slot.
         let folder = try drive.lookup(parent: 1, name: "Notes")
-        #expect(folder.ino >> 48 != 0 && folder.ino & 0xffff_ffff_ffff == 1)
+        #expect(folder.ino >> 48 == 7 && folder.ino & 0xffff_ffff_ffff == 1)
+        #expect(Set([3, 7, 8]) == Set(drive.currentFolders().map(\.slot)))
         try notes.write("inside.md", "n")
         let inside = try drive.lookup(parent: folder.ino, name: "inside.md")
         #expect(inside.ino >> 48 == folder.ino >> 48)

@@ -330,3 +330,19 @@ def test_concurrent_mounts_of_one_device_share_one_daemon(store, make_device):
         dev.pid = None
     assert pid_alive(first.pid)
     first.unmount()
+
+
+def test_inode_numbers_in_container_folders_survive_a_remount(store, make_device):
+    """git and rsync compare inode numbers: a container's items keep theirs
+    across remounts, even when other containers appear in between."""
+    container(store, "create", NOTES, "--name", "Notes", "--public")
+    drive = make_device("drive")
+    (drive.mountpoint / "Notes" / "a.txt").write_text("a")
+    before = {p: os.stat(drive.mountpoint / p).st_ino for p in ["Notes", "Notes/a.txt", "."]}
+    drive.unmount()
+    container(store, "create", "com.aaa.first", "--name", "Aaa", "--public")   # opened first next time
+    drive.mount()
+    assert sorted(os.listdir(drive.mountpoint)) == ["Aaa", "Notes"]
+    after = {p: os.stat(drive.mountpoint / p).st_ino for p in before}
+    assert after == before
+    assert os.stat(drive.mountpoint / "Aaa").st_ino not in before.values()
