@@ -234,7 +234,8 @@ struct Unmount: ParsableCommand {
                     let items = progress["items"] as? Int ?? 0
                     let bytes = progress["bytes"] as? Int ?? 0
                     let text = "Pushing to the store: \(items) items, \(formatBytes(UInt64(bytes))) left"
-                    if text != lastLine {
+                    // Nothing to report while nothing was ever pending (each container answers once).
+                    if text != lastLine && !(items == 0 && lastLine.isEmpty) {
                         FileHandle.standardError.write(Data(((isTTY ? "\r\u{1b}[K" : "") + text + (isTTY ? "" : "\n")).utf8))
                         lastLine = text
                     }
