@@ -185,6 +185,12 @@ def test_drive_and_data_scope_mounted_together_on_one_device(store, make_device)
     assert (drive.mountpoint / "Notes" / "todo.md").read_text() == "todo\n"
     drive.unmount()
 
+    # With no mount, the query reads this device's replica (read-only); --watch needs a mount.
+    assert query("--container", NOTES, "--store", str(store), "--scope", "data") == ["/cache", "/cache/state.db"]
+    assert query("--container", NOTES, "--store", str(store), "--scope", "documents") == ["/Documents/todo.md"]
+    watch = drive.cli("query", "--container", NOTES, "--store", str(store), "--watch", timeout=60)
+    assert watch.returncode != 0 and "running mount" in watch.text, watch
+
 
 def test_sigterm_and_kill9_end_every_mount_of_a_daemon(store, make_device):
     container(store, "create", NOTES, "--name", "Notes", "--public")
