@@ -176,9 +176,10 @@ enum QueryService {
                 }
                 continue
             }
+            // At most one batch of events per throttle interval (a look that
+            // found nothing to report does not count).
             let wait = throttle - Date().timeIntervalSince(lastBatch)
             if wait > 0 { Thread.sleep(forTimeInterval: wait) }
-            lastBatch = Date()
             seen = generation()
             guard let sources = try? sources() else { continue }
             // Only the items that changed, unless paths or the sources moved.
@@ -211,7 +212,10 @@ enum QueryService {
                 let next = Dictionary(run(query, scopes: [.all], records: records(sources)), uniquingKeysWith: { a, _ in a })
                 for key in Set(current.keys).union(next.keys) { settle(key, next[key]) }
             }
-            if !events.isEmpty { guard connection.sendRaw(Data(events.joined(separator: "\n").utf8)) else { return } }
+            if !events.isEmpty {
+                guard connection.sendRaw(Data(events.joined(separator: "\n").utf8)) else { return }
+                lastBatch = Date()
+            }
         }
     }
 
