@@ -72,6 +72,8 @@ final class Daemon: @unchecked Sendable {
     }
     let state = Mutex(State())
     let opening = Mutex(())
+    /// The store's containers as last seen (`containerConfigs`), loaded from disk once.
+    let lastSeenConfigs = Mutex<[String: ContainerConfig]?>(nil)
     /// Damaged container configurations already logged.
     let reportedDamage = Mutex(Set<String>())
     /// Container → drive slot (see `driveSlot`).
@@ -387,18 +389,26 @@ final class Daemon: @unchecked Sendable {
     func containerConfigs() -> [String: ContainerConfig] {
         let cache = locations.dataHome.appendingPathComponent("replicas").appendingPathComponent(store.storeID)
             .appendingPathComponent("containers.json")
-        let lastSeen = (try? JSONDecoder().decode([ContainerConfig].self, from: Data(contentsOf: cache))) ?? []
-        var configs = Dictionary(lastSeen.map { ($0.id, $0) }, uniquingKeysWith: { a, _ in a })
-        guard store.isReachable, let listing = try? store.containers() else { return configs }
+        // The file is read once; after that the list in memory is the last seen.
+        let lastSeen = lastSeenConfigs.withLock { known in
+            if known == nil {
+                let list = (try? JSONDecoder().decode([ContainerConfig].self, from: Data(contentsOf: cache))) ?? []
+                known = Dictionary(list.map { ($0.id, $0) }, uniquingKeysWith: { a, _ in a })
+            }
+            return known!
+        }
+        guard store.isReachable, let listing = try? store.containers() else { return lastSeen }
         let damaged = Set(listing.damaged.map(\.id))
-        configs = configs.filter { damaged.contains($0.key) }
+        var configs = lastSeen.filter { damaged.contains($0.key) }
         for config in listing.configs { configs[config.id] = config }
         for (id, problem) in listing.damaged where reportedDamage.withLock({ $0.insert(id + problem).inserted }) {
             logger.error("container \(id): \(problem); using the configuration last seen")
         }
-        let list = configs.values.sorted { $0.id < $1.id }
-        if let data = try? JSONEncoder().encode(list), data != FileManager.default.contents(atPath: cache.path) {
-            try? data.write(to: cache, options: .atomic)
+        if configs != lastSeen {
+            lastSeenConfigs.withLock { $0 = configs }
+            if let data = try? JSONEncoder().encode(configs.values.sorted { $0.id < $1.id }) {
+                try? data.write(to: cache, options: .atomic)
+            }
         }
         return configs
     }
