@@ -54,6 +54,10 @@ final class Index: Sendable {
                 CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT NOT NULL);
                 """)
         }
+        // What a pending entry named before this device changed it (0: nothing).
+        m.registerMigration("v2") { db in
+            try db.execute(sql: "ALTER TABLE pending_entry ADD COLUMN base INTEGER NOT NULL DEFAULT 0")
+        }
         return m
     }
 
@@ -85,9 +89,10 @@ final class Index: Sendable {
                 case .removeEntry(let parent, let name):
                     try db.cachedStatement(sql: "DELETE FROM entry WHERE parent = ? AND name = ?")
                         .execute(arguments: [Int64(bitPattern: parent), Data(name.bytes)])
-                case .pendingEntry(let parent, let name, let change):
-                    try db.cachedStatement(sql: "INSERT OR REPLACE INTO pending_entry VALUES (?,?,?)")
-                        .execute(arguments: [Int64(bitPattern: parent), Data(name.bytes), Int64(bitPattern: change)])
+                case .pendingEntry(let parent, let name, let change, let base):
+                    try db.cachedStatement(sql: "INSERT OR REPLACE INTO pending_entry(parent, name, change, base) VALUES (?,?,?,?)")
+                        .execute(arguments: [Int64(bitPattern: parent), Data(name.bytes), Int64(bitPattern: change),
+                                             Int64(bitPattern: base)])
                 case .clearPendingEntry(let parent, let name):
                     try db.cachedStatement(sql: "DELETE FROM pending_entry WHERE parent = ? AND name = ?")
                         .execute(arguments: [Int64(bitPattern: parent), Data(name.bytes)])
@@ -160,10 +165,13 @@ final class Index: Sendable {
             for (ino, node) in ns.nodes where node.kind == .directory {
                 ns.nodes[ino]!.nlink += 2
             }
-            let pending = try Row.fetchCursor(db, sql: "SELECT parent, name, change FROM pending_entry")
+            // `SELECT *`: a read-only open of an index not migrated yet has no `base`.
+            let pending = try Row.fetchCursor(db, sql: "SELECT * FROM pending_entry")
             while let row = try pending.next() {
-                let change = UInt64(bitPattern: row[2])
-                ns.pendingEntries[EntryKey(parent: UInt64(bitPattern: row[0]), name: FileName(bytes: Array(row[1] as Data)))] = change
+                let change = UInt64(bitPattern: row["change"])
+                let key = EntryKey(parent: UInt64(bitPattern: row["parent"]), name: FileName(bytes: Array(row["name"] as Data)))
+                ns.pendingEntries[key] = change
+                ns.pendingEntryBase[key] = UInt64(bitPattern: row["base"] as Int64? ?? 0)
                 ns.changeCounter = max(ns.changeCounter, change)
             }
             if let next = try String.fetchOne(db, sql: "SELECT value FROM meta WHERE key = 'next_ino'"), let n = UInt64(next) {

@@ -17,6 +17,11 @@ public struct Namespace: Sendable {
     public internal(set) var directoryParent: [UInt64: UInt64] = [:]
     /// Entries changed locally and not yet pushed: key → change counter value.
     public internal(set) var pendingEntries: [EntryKey: UInt64] = [:]
+    /// What each pending entry named before this device changed it (0: nothing):
+    /// the store's value as this device last saw it. A remote change set that
+    /// removes the same entry from the same node tells that both devices moved
+    /// that node away from there (see `ChangeApplier`).
+    public internal(set) var pendingEntryBase: [EntryKey: UInt64] = [:]
     /// Highest journal sequence number applied to this replica.
     public internal(set) var appliedSeq: UInt64 = 0
 
@@ -169,6 +174,7 @@ public struct Namespace: Sendable {
     /// Link `ino` as `name` in `parent`, replacing whatever was there (the
     /// caller has dealt with the replaced node via `unlinkEntry` first).
     public mutating func linkEntry(_ parent: UInt64, _ name: FileName, _ ino: UInt64, local: Bool = true) {
+        let previous = children[parent]?[name]?.ino ?? 0
         let cookie = nextCookie
         nextCookie += 1
         children[parent, default: [:]][name] = DirEntry(ino: ino, cookie: cookie)
@@ -187,7 +193,7 @@ public struct Namespace: Sendable {
         nodes[ino]?.lastName = name
         touched(ino)
         log.append(.entry(parent: parent, name: name, child: ino))
-        if local { markEntryPending(parent, name) }
+        if local { markEntryPending(parent, name, base: previous) }
     }
 
     /// Remove the entry `name` from `parent`; returns the node it named.
@@ -213,7 +219,7 @@ public struct Namespace: Sendable {
             touched(ino)
         }
         log.append(.removeEntry(parent: parent, name: name))
-        if local { markEntryPending(parent, name) }
+        if local { markEntryPending(parent, name, base: ino) }
         return ino
     }
 
@@ -295,18 +301,49 @@ public struct Namespace: Sendable {
         UInt32(children[dir]?.values.reduce(0) { $0 + (nodes[$1.ino]?.kind == .directory ? 1 : 0) } ?? 0)
     }
 
-    mutating func markEntryPending(_ parent: UInt64, _ name: FileName) {
+    /// The entry changed here; `base` is what it named before (kept from the
+    /// first change until the entry is pushed).
+    mutating func markEntryPending(_ parent: UInt64, _ name: FileName, base: UInt64) {
         let key = EntryKey(parent: parent, name: name)
         let change = nextChange()
+        let base = pendingEntries[key] == nil ? base : (pendingEntryBase[key] ?? 0)
         pendingEntries[key] = change
-        log.append(.pendingEntry(parent: parent, name: name, change: change))
+        pendingEntryBase[key] = base
+        log.append(.pendingEntry(parent: parent, name: name, change: change, base: base))
     }
 
     /// The entry was pushed as of `change`; forget it unless it changed again since.
     public mutating func entryPushed(_ key: EntryKey, change: UInt64) {
         if let current = pendingEntries[key], current <= change {
             pendingEntries[key] = nil
+            pendingEntryBase[key] = nil
             log.append(.clearPendingEntry(parent: key.parent, name: key.name))
+        }
+    }
+
+    /// The entry now holds what the store holds (a remote change set its
+    /// value): nothing of it is left to push.
+    public mutating func entryMatchesStore(_ key: EntryKey) {
+        if pendingEntries.removeValue(forKey: key) != nil {
+            pendingEntryBase[key] = nil
+            log.append(.clearPendingEntry(parent: key.parent, name: key.name))
+        }
+    }
+
+    /// A remote change set changed entry `key`, and the change made here stands
+    /// over it: the store's value it was made from is now `base` (0: nothing).
+    public mutating func rebaseEntry(_ key: EntryKey, on base: UInt64) {
+        guard let change = pendingEntries[key], pendingEntryBase[key] != base else { return }
+        pendingEntryBase[key] = base
+        log.append(.pendingEntry(parent: key.parent, name: key.name, change: change, base: base))
+    }
+
+    /// Node `old` split in two and `new` is now the store's node: pending
+    /// entries that named `old` before they changed named `new`.
+    public mutating func rebasePendingEntries(from old: UInt64, to new: UInt64) {
+        for (key, base) in pendingEntryBase where base == old {
+            pendingEntryBase[key] = new
+            log.append(.pendingEntry(parent: key.parent, name: key.name, change: pendingEntries[key] ?? 0, base: new))
         }
     }
 
@@ -395,7 +432,7 @@ enum IndexOp: Sendable {
     case removeNode(UInt64)
     case entry(parent: UInt64, name: FileName, child: UInt64)
     case removeEntry(parent: UInt64, name: FileName)
-    case pendingEntry(parent: UInt64, name: FileName, change: UInt64)
+    case pendingEntry(parent: UInt64, name: FileName, change: UInt64, base: UInt64)
     case clearPendingEntry(parent: UInt64, name: FileName)
     case meta(key: String, value: String)
 }

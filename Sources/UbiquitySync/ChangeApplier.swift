@@ -36,6 +36,12 @@ struct ChangeApplier {
     /// Nodes left without a name that hold work not pushed from here, or deleted
     /// here and edited there: brought back where they were after the entries are applied.
     var resurrections: [UInt64] = []
+    /// Files that this change set moves away from an entry that a move here
+    /// (not pushed yet) also took them from: both devices renamed one file.
+    var movedByBoth: Set<UInt64> = []
+    /// Entries this change set sets (to a node), and the nodes it names.
+    var remoteKeys: Set<EntryKey> = []
+    var remoteChildren: Set<NodeID> = []
 
     init(seq: UInt64, deviceName: String, now: Date = Date()) {
         self.seq = seq
@@ -50,6 +56,20 @@ struct ChangeApplier {
             if case .deleteNode(let id, _) = change { return id }
             return nil
         })
+        for change in changeSet.changes {
+            guard case .entry(let parentID, let name, let child) = change, let parent = ns.inoByID[parentID] else { continue }
+            let key = EntryKey(parent: parent, name: name)
+            // (An entry that restates what a pending change here replaced changes nothing.)
+            if let child, !(ns.pendingEntries[key] != nil && ns.inoByID[child] == nonZero(ns.pendingEntryBase[key])) {
+                remoteKeys.insert(key)
+                remoteChildren.insert(child)
+            }
+            // Both took the file that was here away (a removal, or another node put here).
+            if ns.pendingEntries[key] != nil, let base = ns.pendingEntryBase[key], base != 0,
+               let node = ns.node(base), node.kind != .directory, node.id != child, ns.lookup(parent, name) != base {
+                movedByBoth.insert(base)
+            }
+        }
         for change in changeSet.changes {
             if case .node(let state) = change { applyNode(state, to: &ns) }
         }
@@ -141,12 +161,16 @@ struct ChangeApplier {
         ns.rekey(ino, to: UUID().uuidString.lowercased())
         createNode(remote, to: &ns)
         guard let original = ns.inoByID[remote.id], let copyID = ns.node(ino)?.id else { return }
+        ns.rebasePendingEntries(from: ino, to: original)
         ns.update(original, local: true) { n in
             if !n.conflicts.contains(copyID) { n.conflicts.append(copyID) }
         }
+        // Where this change set puts the node, it goes there (a move there wins
+        // over a move here); otherwise it takes the local version's places.
+        let movedThere = remoteChildren.contains(remote.id)
         for place in places {
-            ns.unlinkEntry(place.parent, place.name, local: false)
-            ns.linkEntry(place.parent, place.name, original, local: false)
+            ns.unlinkEntry(place.parent, place.name, local: movedThere)
+            if !movedThere { ns.linkEntry(place.parent, place.name, original, local: false) }
             let copyName = conflictName(place.name, in: place.parent, ns: ns)
             ns.linkEntry(place.parent, copyName, ino, local: true)
             changes.entry(place.parent, place.name, in: ns)
@@ -184,16 +208,29 @@ struct ChangeApplier {
         guard let parent = ns.inoByID[parentID], ns.node(parent)?.kind == .directory else { return }
         let existing = ns.lookup(parent, name)
         let child = childID.flatMap { ns.inoByID[$0] }
-        if existing == child { return }
+        let key = EntryKey(parent: parent, name: name)
+        if existing == child {
+            ns.entryMatchesStore(key)
+            return
+        }
+        // Changed here, and the change set only restates what it was before: ours stands.
+        if ns.pendingEntries[key] != nil, child == nonZero(ns.pendingEntryBase[key]) { return }
         if let existing, let node = ns.node(existing) {
             // This name was set here and not pushed yet: our intent is newer.
-            let ours = ns.pendingEntries[EntryKey(parent: parent, name: name)] != nil
+            let ours = ns.pendingEntries[key] != nil
             if child == nil {
                 // Removal of an entry whose node is deleted there: decided with the deletions.
-                if deleted.contains(node.id) || ours { return }
+                if ours && !remoteChildren.contains(node.id) {
+                    ns.rebaseEntry(key, on: 0)
+                    return
+                }
+                if deleted.contains(node.id) { return }
                 ns.unlinkEntry(parent, name, local: false)
                 // Content edited here must not end up nameless: checked after all entries.
                 if node.hasUnpushedContent { resurrections.append(existing) }
+            } else if remoteChildren.contains(node.id) {
+                // This change set names it elsewhere: it moves there.
+                ns.unlinkEntry(parent, name, local: false)
             } else if ours || node.hasUnpushedContent {
                 // Both put something at this name (or it replaces content edited here): ours moves aside.
                 ns.unlinkEntry(parent, name, local: false)
@@ -222,12 +259,33 @@ struct ChangeApplier {
             }
         }
         ns.linkEntry(parent, name, child, local: false)
+        ns.entryMatchesStore(key)
         if node.unlinked { ns.update(child, local: false) { _ in } }
+        if movedByBoth.contains(child) { undoLocalMoves(of: child, keeping: key, to: &ns) }
         // What arrives in a pinned directory is kept on this device.
         if node.kind == .file, ns.node(child)?.isPlaceholder == true, ns.isPinned(child) { changes.refresh.append(child) }
         changes.node(child, contentChanged: false, in: ns)
         changes.node(parent, contentChanged: false, in: ns)
     }
+
+    /// Both devices renamed file `ino` away from the same entry: the committed
+    /// rename wins, so the names given to it here (not pushed yet) go, and
+    /// whatever such a rename replaced comes back.
+    mutating func undoLocalMoves(of ino: UInt64, keeping kept: EntryKey, to ns: inout Namespace) {
+        for place in ns.entriesNaming(ino) where place != kept && ns.pendingEntries[place] != nil && !remoteKeys.contains(place) {
+            trace("[\(deviceName)]   undo local move of \(ns.node(ino)?.id.prefix(4) ?? "?") to \(place.name)")
+            ns.unlinkEntry(place.parent, place.name)
+            if let replaced = ns.pendingEntryBase[place], replaced != 0, replaced != ino,
+               let node = ns.node(replaced), node.unlinked, node.kind != .directory, !remoteChildren.contains(node.id) {
+                ns.linkEntry(place.parent, place.name, replaced)
+            }
+            // The entry is back to what the store has there.
+            if ns.lookup(place.parent, place.name) == nonZero(ns.pendingEntryBase[place]) { ns.entryMatchesStore(place) }
+            changes.entry(place.parent, place.name, in: ns)
+        }
+    }
+
+    func nonZero(_ ino: UInt64?) -> UInt64? { ino == 0 ? nil : ino }
 
     func isAncestor(_ ancestor: UInt64, of ino: UInt64, in ns: Namespace) -> Bool {
         var current: UInt64? = ino

@@ -238,6 +238,7 @@ public final class SyncEngine: Sendable {
             let seq = batch.appliedSeq + 1
             let changeSet = ChangeSet(device: device.id, deviceName: device.name, changes: batch.changes)
             if try store.commit(container: container, seq: seq, changeSet: changeSet) {
+                trace("PUSH [\(device.name)] seq \(seq): \(batch.changes.map(ChangeApplier.describe))")
                 try settle(batch, seq: seq, snapshots: snapshots)
                 status.withLock { s in
                     s.lastSync = Date()
