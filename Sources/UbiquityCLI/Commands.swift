@@ -298,6 +298,11 @@ struct Status: ParsableCommand {
             let limit = status["cacheLimitBytes"].map { " of \(formatBytes(UInt64($0 as? Int ?? 0)))" } ?? ""
             print("Local:        \(bytes("cachedBytes"))\(limit) downloaded")
             print("Last sync:    \(status["lastSync"] ?? "never")")
+            let failing = status["failingUploads"] as? [[String: Any]] ?? []
+            if !failing.isEmpty {
+                print("Not uploaded: \(failing.count) item\(failing.count == 1 ? "" : "s") the store refused (retried with back-off; the others go ahead)")
+                for f in failing.prefix(10) { print("  \(f["path"] ?? "?") (\(f["attempts"] ?? 0) tries): \(f["error"] ?? "")") }
+            }
             let errors = status["recentErrors"] as? [[String: Any]] ?? []
             if !errors.isEmpty {
                 print("Recent errors:")

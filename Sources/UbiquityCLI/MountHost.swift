@@ -90,13 +90,15 @@ final class MountHost: @unchecked Sendable {
     func serve() {
         let status = session.run()
         logger.info("FUSE loop of \(mountpoint) ended (status \(status))")
-        session.close()
-        control?.stop()
+        // No pull, download or drive refresh may notify this kernel any more
+        // before the session is destroyed.
         let hosts = containers.withLock { c -> [ContainerHost] in
             c.ended = true
             return c.hosts
         }
         for host in hosts { host.removeViewer(session) }
+        session.close()
+        control?.stop()
         let waiter = unmountWaiter.withLock { $0 }
         var answer: [String: Any] = ["ok": true]
         do {
@@ -324,6 +326,7 @@ final class MountHost: @unchecked Sendable {
         var perContainer: [[String: Any]] = []
         var totals: [String: Int] = [:]
         var errors: [(Date, String)] = []
+        var failing: [[String: Any]] = []
         var lastSync: Date?
         var reachable = true
         for host in hosts {
@@ -352,11 +355,15 @@ final class MountHost: @unchecked Sendable {
             perContainer.append(entry)
             reachable = reachable && s.storeReachable
             errors += s.recentErrors.map { ($0.date, "\(host.id): \($0.message)") }
+            for failure in engine.failingUploads() {
+                let path = host.replica.withNamespace { ns in ns.path(of: failure.ino) } ?? "inode \(failure.ino)"
+                failing.append(["container": host.id, "path": path, "attempts": failure.attempts, "error": failure.message])
+            }
             if let d = s.lastSync, d > (lastSync ?? .distantPast) { lastSync = d }
         }
         var out: [String: Any] = [
             "pid": Int(getpid()), "mountpoint": mountpoint, "store": daemon.storePath, "dataHome": daemon.locations.dataHome.path,
-            "storeReachable": reachable, "containers": perContainer,
+            "storeReachable": reachable, "containers": perContainer, "failingUploads": failing,
             "recentErrors": errors.sorted { $0.0 < $1.0 }.suffix(20).map { ["date": isoDate($0.0), "message": $0.1] },
         ]
         switch kind {

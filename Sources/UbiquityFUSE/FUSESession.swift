@@ -16,8 +16,22 @@ import UbiquitySync
 public final class FUSESession: @unchecked Sendable {
     let context: FUSEContext
     public let mountpoint: String
-    var session: OpaquePointer?
-    var mounted = false
+    /// The libfuse session (nil before `mount` and after `close`). Guarded:
+    /// threads other than the loop's (pull, downloads, the drive's refresh)
+    /// notify the kernel through it, and `close` must not destroy it under
+    /// them. Lock order: `state` is a leaf (nothing else is taken under it).
+    struct State: @unchecked Sendable {   // the pointer is only used under the lock
+        var session: OpaquePointer?
+        var mounted = false
+    }
+    let state = Mutex(State())
+
+    /// Run `body` with the live session, under the lock; nothing if there is none.
+    func withSession(_ body: (OpaquePointer) -> Void) {
+        state.withLock { s in
+            if let se = s.session { body(se) }
+        }
+    }
     /// The thread running `run`, and whether the loop has returned.
     let loop = Mutex<(thread: pthread_t?, ended: Bool)>((nil, false))
 
@@ -41,18 +55,18 @@ public final class FUSESession: @unchecked Sendable {
         guard let se = fuse_session_new(&args, &ops, MemoryLayout<fuse_lowlevel_ops>.size, userdata) else {
             throw UbiquityError(EINVAL, "invalid FUSE options: \(options.joined(separator: ","))")
         }
-        session = se
         guard fuse_session_mount(se, mountpoint) == 0 else {
             fuse_session_destroy(se)
-            session = nil
             throw UbiquityError(EIO, "could not mount FUSE at \(mountpoint) (is /dev/fuse available and fusermount3 installed?)")
         }
-        mounted = true
+        state.withLock { $0 = State(session: se, mounted: true) }
     }
 
     /// Serve requests until unmounted or stopped. Returns libfuse's status.
     public func run(threads: Int = 16, idleThreads: Int = Int(ProcessInfo.processInfo.environment["UBQ_IDLE_THREADS"] ?? "") ?? 2) -> Int32 {
-        guard let se = session else { return -1 }
+        // The loop runs outside the lock; `close` (which destroys the session)
+        // is only called after `run` returned.
+        guard let se = state.withLock({ $0.session }) else { return -1 }
         _ = ubq_install_wake_signal(Self.wakeSignal)
         loop.withLock { $0.thread = pthread_self() }
         let status = ubq_session_loop_mt(se, UInt32(threads), UInt32(idleThreads))
@@ -64,8 +78,12 @@ public final class FUSESession: @unchecked Sendable {
     /// returns (then `close` unmounts). The wake-up signal is repeated until
     /// the loop has noticed, since it may arrive just before the loop waits.
     public func stop() {
-        guard let se = session else { return }
-        fuse_session_exit(se)
+        var live = false
+        withSession { se in
+            fuse_session_exit(se)
+            live = true
+        }
+        guard live else { return }
         for _ in 0..<100 {
             let (thread, ended) = loop.withLock { ($0.thread, $0.ended) }
             if ended { return }
@@ -81,31 +99,35 @@ public final class FUSESession: @unchecked Sendable {
     /// never while a lock of the core is held; errors (the kernel no longer
     /// knows the item) are expected and ignored.
     public func invalidate(_ changes: ReplicaChanges, kernelIno: (UInt64) -> UInt64?) {
-        guard let se = session else { return }
-        for (parent, name) in changes.entries {
-            guard let parent = kernelIno(parent) else { continue }
-            _ = name.withCString { fuse_lowlevel_notify_inval_entry(se, fuse_ino_t(parent), $0, name.count) }
-        }
-        for (ino, contentChanged) in changes.nodes {
-            guard let ino = kernelIno(ino) else { continue }
-            _ = fuse_lowlevel_notify_inval_inode(se, fuse_ino_t(ino), contentChanged ? 0 : -1, 0)
+        withSession { se in
+            for (parent, name) in changes.entries {
+                guard let parent = kernelIno(parent) else { continue }
+                _ = name.withCString { fuse_lowlevel_notify_inval_entry(se, fuse_ino_t(parent), $0, name.count) }
+            }
+            for (ino, contentChanged) in changes.nodes {
+                guard let ino = kernelIno(ino) else { continue }
+                _ = fuse_lowlevel_notify_inval_inode(se, fuse_ino_t(ino), contentChanged ? 0 : -1, 0)
+            }
         }
     }
 
     /// Drop the kernel's entry for `name` in directory `parent` (kernel numbers).
     public func invalidateEntry(parent: UInt64, name: FileName) {
-        guard let se = session else { return }
-        _ = name.withCString { fuse_lowlevel_notify_inval_entry(se, fuse_ino_t(parent), $0, name.count) }
-        _ = fuse_lowlevel_notify_inval_inode(se, fuse_ino_t(parent), -1, 0)
+        withSession { se in
+            _ = name.withCString { fuse_lowlevel_notify_inval_entry(se, fuse_ino_t(parent), $0, name.count) }
+            _ = fuse_lowlevel_notify_inval_inode(se, fuse_ino_t(parent), -1, 0)
+        }
     }
 
-    /// Unmount (if still mounted) and free the session.
+    /// Unmount (if still mounted) and free the session (waits for
+    /// notifications under way).
     public func close() {
-        guard let se = session else { return }
-        if mounted { fuse_session_unmount(se) }
-        mounted = false
-        fuse_session_destroy(se)
-        session = nil
+        state.withLock { s in
+            guard let se = s.session else { return }
+            if s.mounted { fuse_session_unmount(se) }
+            fuse_session_destroy(se)
+            s = State()
+        }
     }
 }
 

@@ -48,6 +48,9 @@ public final class SyncEngine: Sendable {
     let status = Mutex(SyncStatus())
     let stopped = Mutex(false)
     let pushThreadDone = DispatchSemaphore(value: 0)
+    /// Files whose content the store would not take (full, a failing write):
+    /// each is retried with its own back-off while the others go ahead.
+    let uploadFailures = Mutex<[UInt64: UploadFailure]>([:])
 
     public init(replica: Replica, store: any Store, container: String, device: DeviceIdentity,
                 logger: Logger, writeBackDelay: Double = 0.2, cacheLimit: UInt64? = nil) {
@@ -166,6 +169,40 @@ public final class SyncEngine: Sendable {
 
     public var currentStatus: SyncStatus { status.withLock { $0 } }
 
+    struct UploadFailure: Sendable {
+        var attempts: Int
+        /// Monotonic nanoseconds before which the file is not tried again.
+        var retryAt: UInt64
+        var message: String
+    }
+
+    /// Longest wait between two tries of a file the store does not take.
+    static let maxUploadBackoff = 300.0
+
+    func uploadFailed(_ ino: UInt64, _ error: any Error) {
+        let message = "\(UbiquityError.wrap(error))"
+        let attempts = uploadFailures.withLock { failures -> Int in
+            let attempts = (failures[ino]?.attempts ?? 0) + 1
+            let wait = min(Self.maxUploadBackoff, pow(2, Double(min(attempts, 16))))
+            failures[ino] = UploadFailure(attempts: attempts, retryAt: Self.monotonicNow() + UInt64(wait * 1e9), message: message)
+            return attempts
+        }
+        if attempts == 1 { record(error: UbiquityError(EIO, "cannot upload \(replica.withNamespace { $0.path(of: ino) } ?? "inode \(ino)"): \(message)")) }
+    }
+
+    /// Failures of files that have nothing left to upload (pushed, deleted) are forgotten.
+    func forgetSettledUploadFailures() {
+        let inos = uploadFailures.withLock { Array($0.keys) }
+        guard !inos.isEmpty else { return }
+        let settled = replica.withNamespace { ns in inos.filter { ns.node($0)?.hasUnpushedContent != true } }
+        uploadFailures.withLock { failures in settled.forEach { failures[$0] = nil } }
+    }
+
+    /// Files the store does not take for now: inode, tries so far, the last error.
+    public func failingUploads() -> [(ino: UInt64, attempts: Int, message: String)] {
+        uploadFailures.withLock { $0.map { ($0.key, $0.value.attempts, $0.value.message) } }.sorted { $0.ino < $1.ino }
+    }
+
     /// Where the store is, for status (a folder store's path).
     public var storePath: String { (store as? FolderStore)?.root.path ?? (store as? FaultyStore)?.description ?? store.storeID }
 
@@ -213,18 +250,30 @@ public final class SyncEngine: Sendable {
     func pushLocked(ignoreDelay: Bool) throws -> Bool {
         let now = Self.monotonicNow()
         let delay = ignoreDelay ? 0 : UInt64(writeBackDelay * 1e9)
+        let backingOff = ignoreDelay ? [] : uploadFailures.withLock { failures in
+            Set(failures.filter { $0.value.retryAt > now }.keys)
+        }
         let contentCandidates = replica.withNamespace { ns in
             ns.unpushedNodes(limit: Self.maxBatchNodes).filter { n in
                 n.hasUnpushedContent && n.hasContent && !n.unlinked && n.openWriters == 0
-                    && now &- n.lastContentChange >= delay
+                    && now &- n.lastContentChange >= delay && !backingOff.contains(n.ino)
             }.map { ($0.ino, $0.contentGeneration, $0.hash) }
         }
         var snapshots: [UInt64: ContentSnapshot] = [:]
         for (ino, generation, oldHash) in contentCandidates {
-            if let snapshot = try uploadContent(ino: ino, generation: generation, previousHash: oldHash) {
-                snapshots[ino] = snapshot
+            do {
+                if let snapshot = try uploadContent(ino: ino, generation: generation, previousHash: oldHash) {
+                    snapshots[ino] = snapshot
+                }
+                uploadFailures.withLock { _ = $0.removeValue(forKey: ino) }
+            } catch let error as UbiquityError where error.errno == EHOSTDOWN {
+                throw error   // the store is gone: nothing can be pushed
+            } catch {
+                // This file waits (with back-off); the others still go.
+                uploadFailed(ino, error)
             }
         }
+        forgetSettledUploadFailures()
         if snapshots.values.contains(where: \.uploaded) { try store.flushBlobs() }
 
         while true {

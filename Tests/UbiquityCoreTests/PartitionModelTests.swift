@@ -56,7 +56,7 @@ import Glibc
             }
         }
 
-        func operate(_ rng: inout Random, round: Int) {
+        func operate(_ rng: inout Random, round: Int, nesting: Bool) {
             let dirs = Array(Set(["d0", "d1", "d2"] + folders())).sorted()
             let files = dirs.flatMap { d in (0..<5).map { "\(d)/f\($0)" } }
             let op = rng.next(100)
@@ -100,6 +100,16 @@ import Glibc
                     let dir = rng.pick(dirs)
                     try device.fs.rmdir(parent: Namespace.rootIno, name: FileName(dir))
                     line = "rmdir \(dir)"
+                case 90..<97 where nesting:
+                    // A folder into another (or back out to the root).
+                    let nested = dirs.flatMap { d in ((try? device.list(d)) ?? []).filter { !$0.hasPrefix("f") }.map { "\(d)/\($0)" } }
+                    let from = rng.pick(dirs + nested)
+                    let into = rng.pick(dirs + [""])
+                    let name = String(from.split(separator: "/").last!)
+                    let (p1, n1) = try device.split(from)
+                    let p2 = into.isEmpty ? Namespace.rootIno : try device.resolve(into)
+                    try device.fs.rename(parent: p1, name: n1, newParent: p2, newName: FileName(name), flags: [])
+                    line = "move-dir \(from) -> \(into)/\(name)"
                 default:
                     let from = rng.pick(dirs)
                     let to = rng.pick(["d0", "d1", "d2", "d3", "d4"])
@@ -137,7 +147,7 @@ import Glibc
         for round in 0..<8 {
             actors.forEach { $0.log.removeAll(); $0.written.removeAll(); $0.superseded.removeAll() }
             for _ in 0..<12 {
-                for actor in actors { actor.operate(&rng, round: round) }
+                for actor in actors { actor.operate(&rng, round: round, nesting: seed % 3 == 0) }
             }
             if ProcessInfo.processInfo.environment["UBQ_TRACE_APPLY"] != nil {
                 print("ROUND \(round)\n" + actors.flatMap(\.log).joined(separator: "\n"))
