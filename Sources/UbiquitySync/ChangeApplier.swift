@@ -3,26 +3,22 @@ import UbiquityReplica
 import UbiquityStore
 
 /// Applies one change set committed by another device to the replica, and
-/// resolves what meets a local change not pushed yet. The rules (each keeps
-/// every version somewhere; every device ends with the same tree, because
-/// the device that committed second resolves and pushes the result):
+/// resolves what meets a local change not pushed yet. The conflict rules are
+/// written once, in docs/SEMANTICS.md ("Sync"); each keeps every version
+/// somewhere, and every device ends with the same tree because the device
+/// that commits second resolves here and pushes the result.
 ///
-/// - **Both edited a file's content**: the committed version keeps the name
-///   and the node's ID; the local version becomes a new node named
-///   `NAME (conflicted copy DEVICE YYYY-MM-DD HHMMSS).EXT` beside it (open
-///   descriptors keep writing to it), recorded in the original's `conflicts`.
-/// - **Both changed metadata** (mode, times, xattrs): the local change is
-///   pushed after the remote one, so it wins everywhere.
-/// - **Deleted there, edited here**: the edit survives — the node and its
-///   entries are pushed again. A deleted directory that holds items created
-///   or edited here survives the same way (so do moves into it).
-/// - **Edited there, deleted here**: the remote edit brings the item back
-///   where it was.
-/// - **Both created the same name**: the committed item keeps the name, the
-///   local one is renamed to a conflicted copy.
-/// - **A move that would make a cycle** (a directory moved into its own
-///   subtree by the two moves together): the committed move wins; the local
-///   directory that closed the cycle moves to the container's root.
+/// How local intent is known: a node with unpushed content or metadata, and
+/// a *pending entry* — a (folder, name) changed here and not pushed — which
+/// remembers its *base*, the node the store had there before this device
+/// changed it. A remote entry that restates a pending entry's base changes
+/// nothing (ours is newer); a remote entry that moves the base elsewhere
+/// while our pending entry also took it away means both devices renamed one
+/// node (`movedByBoth`): the committed rename wins (`undoLocalMoves`).
+///
+/// Order within a change set: nodes first (content conflicts split here),
+/// then entries, then nodes left nameless that hold local work come back
+/// (`resurrect`), then deletions, deepest first (`applyDeletions`).
 let traceApply = ProcessInfo.processInfo.environment["UBQ_TRACE_APPLY"] != nil
 func trace(_ text: @autoclosure () -> String) { if traceApply { print("APPLY " + text()) } }
 
