@@ -16,6 +16,7 @@ import json
 import os
 import random
 import re
+import signal
 import stat
 import subprocess
 import threading
@@ -25,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import BIN, digest_diff, is_mounted, tree_digest
+from conftest import BIN, EXIT_TIMEOUT, digest_diff, is_mounted, tree_digest
 
 pytestmark = pytest.mark.daemon
 
@@ -1000,3 +1001,67 @@ def test_unmount_with_unreachable_store_needs_force_and_keeps_queue(make_device,
     eventually(content_is(A / "qdir/moved.txt", b"before\n"), 15, what="rename pushed after remount")
     eventually(gone(A / "before.txt"), 15, what="before.txt gone on A after remount")
     eventually(digests_equal(a, b), what="trees equal")
+
+
+# --------------------------------------------------------------------------
+# Unmounting while the other device's changes keep arriving
+# --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("how", ["unmount", "SIGTERM", "fusermount3 -u"])
+def test_unmount_while_changes_arrive_ends_cleanly(make_device, how):
+    """Pulls, downloads and drive refreshes notify the kernel about what
+    changed (`fuse_lowlevel_notify_*`). A mount ending while changes arrive
+    must stop being notified before its FUSE session is destroyed, or a
+    notification lands on freed memory and the daemon crashes on its way out.
+    A stress test: the window is short, so each ending is tried several times
+    while the other device writes as fast as it can and this one keeps the
+    kernel's caches full (so there is something to invalidate)."""
+    a = make_device("a")
+    b = make_device("b")
+    (Path(a) / "hot").mkdir()
+    stop = threading.Event()
+
+    def writer():
+        n = 0
+        while not stop.is_set():
+            write(Path(a) / "hot" / f"f{n % 40}", os.urandom(64) + str(n).encode())
+            n += 1
+            time.sleep(0.002)
+
+    thread = threading.Thread(target=writer, daemon=True)
+    thread.start()
+    log = b.data_home
+    try:
+        for attempt in range(4):
+            def hot_there():
+                assert (Path(b) / "hot").is_dir()
+            eventually(hot_there, SYNC_TIMEOUT, what="hot/ on b")
+            deadline = time.monotonic() + 1.5
+            while time.monotonic() < deadline:   # fill b's dentry, attribute and page caches
+                for name in os.listdir(Path(b) / "hot"):
+                    try:
+                        read(Path(b) / "hot" / name)
+                    except OSError:
+                        pass   # replaced meanwhile
+            pid = b.pid
+            if how == "unmount":
+                res = b.unmount(check=False)
+                assert res.returncode == 0, f"attempt {attempt}: unmount failed:\n{res}"
+            elif how == "SIGTERM":
+                os.kill(pid, signal.SIGTERM)
+            else:
+                res = subprocess.run(["fusermount3", "-u", str(b.mountpoint)], capture_output=True, text=True, timeout=30)
+                assert res.returncode == 0, res.stderr
+            problems = b.wait_gone(EXIT_TIMEOUT)
+            assert not problems, f"attempt {attempt}, after {how}: " + "; ".join(problems)
+            crashes = [line for p in log.rglob("daemon.log")
+                       for line in p.read_text(errors="replace").splitlines()
+                       if re.search(r"Fatal error|crashed|Segmentation|SIG(SEGV|BUS|ABRT)", line)]
+            assert not crashes, f"attempt {attempt}, after {how}: the daemon crashed on its way out:\n" + "\n".join(crashes[-20:])
+            b.mount()
+    finally:
+        stop.set()
+        thread.join()
+    wait_quiet(a, b)
+    digests_equal(a, b)()
