@@ -31,7 +31,9 @@ extension SyncEngine {
                     }
                     all.merge(changed)
                 }
-                try replica.persist()
+                // Recorded as it is applied; if the index has no room, it
+                // stays queued (and is pulled again after a restart).
+                try replica.persist(.grows)
             }
         }
         status.withLock { s in s.lastSync = Date(); s.storeReachable = true }

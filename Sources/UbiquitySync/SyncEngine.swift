@@ -277,7 +277,9 @@ public final class SyncEngine: Sendable {
         if snapshots.values.contains(where: \.uploaded) { try store.flushBlobs() }
 
         while true {
-            let batch = replica.withNamespace { ns in buildBatch(ns, snapshots: snapshots) }
+            // Only what the index holds is pushed: this device never puts in
+            // the store a change it could lose (or that a failed operation made).
+            let batch = try replica.committedView { ns in buildBatch(ns, snapshots: snapshots) }
             guard !batch.changes.isEmpty || !batch.nodes.isEmpty || !batch.entries.isEmpty else { return false }
             if batch.changes.isEmpty {
                 // Only things the store never saw (created and deleted locally): settle them.
@@ -450,7 +452,10 @@ public final class SyncEngine: Sendable {
             return dropped
         }
         for ino in dropped { unlink(replica.cachePath(ino)) }
-        try replica.persist()
+        // The store has the change set: recording that is bookkeeping (may use the
+        // space reserve). If it still fails, the record stays queued; after a
+        // restart the same state is pushed again, which is harmless.
+        try replica.persist(.mayUseReserve)
     }
 
     static func monotonicNow() -> UInt64 {
