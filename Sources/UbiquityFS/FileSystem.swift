@@ -304,8 +304,12 @@ public final class FileSystem: Sendable {
     /// a reserved inode number) and its descriptor returned, open read-write.
     /// The node is committed before this returns; if it cannot be, nothing
     /// of it is left (the cache file is removed).
+    ///
+    /// `create` passes `staged: true`: the file is committed with its
+    /// content at `close` (a file never closed is not acknowledged data; see
+    /// `Replica.stage`).
     func makeNode(parent: UInt64, name: FileName, kind: NodeKind, mode: UInt32, caller: Caller,
-                  rdev: UInt64 = 0, target: String? = nil) throws -> (node: LocalNode, fd: Int32?) {
+                  rdev: UInt64 = 0, target: String? = nil, staged: Bool = false) throws -> (node: LocalNode, fd: Int32?) {
         try Self.checkName(name)
         let parent = view.swap(parent)
         var reserved: UInt64?
@@ -317,7 +321,7 @@ public final class FileSystem: Sendable {
         }
         let node: LocalNode
         do {
-            node = try change(.grows) { ns -> LocalNode in
+            func body(_ ns: inout Namespace) throws -> LocalNode {
                 guard let dir = ns.node(parent) else { throw UbiquityError(ENOENT) }
                 guard dir.kind == .directory, !dir.unlinked else { throw UbiquityError(dir.unlinked ? ENOENT : ENOTDIR) }
                 try checkPlacement(parent: parent, name: name, directoryHeight: kind == .directory ? 1 : nil, in: ns)
@@ -337,6 +341,7 @@ public final class FileSystem: Sendable {
                 ns.updateRuntime(ino) { $0.lookups += 1 }
                 return ns.node(ino)!
             }
+            node = staged ? try replica.stage(body) : try change(.grows, body)
         } catch {
             if let fd, let reserved {
                 close(fd)
@@ -365,7 +370,7 @@ public final class FileSystem: Sendable {
     }
 
     public func create(parent: UInt64, name: FileName, mode: UInt32, flags: Int32, caller: Caller) throws -> (EntryReply, OpenReply) {
-        let made = try makeNode(parent: parent, name: name, kind: .file, mode: mode, caller: caller)
+        let made = try makeNode(parent: parent, name: name, kind: .file, mode: mode, caller: caller, staged: true)
         let writable = flags & O_ACCMODE != O_RDONLY
         let opened = register(ino: made.node.ino, fd: made.fd!, writable: writable)
         return (entryReply(made.node), opened)

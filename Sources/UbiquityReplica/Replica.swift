@@ -17,17 +17,20 @@ import Glibc
 /// a removal, new metadata) runs as a `transaction`: it is applied to the
 /// namespace and written to the index under the namespace lock, and taken
 /// back whole if the index does not take it — so nobody ever sees a change
-/// the index lacks, and a failed operation has no effect. What only records
-/// a fact (a pull applied, a push done, a download installed, the size of
-/// content already written) goes through `persist`: if the index does not
-/// take it, it stays queued in memory and is written with the next commit
-/// (after a crash it is learned again: pulled, pushed, downloaded, or read
-/// from the cache file).
+/// the index lacks, and a failed operation has no effect. A new file is
+/// `stage`d instead: committed with its content at `close`, like content.
+/// What only records a fact (a pull applied, a push done, a download
+/// installed, the size of content already written) goes through `persist`:
+/// if the index does not take it, it stays queued in memory and is written
+/// with the next commit (after a crash it is learned again: pulled, pushed,
+/// downloaded, or read from the cache file). The sync engine pushes only
+/// what the index holds (`committedView`).
 ///
-/// Lock order (outermost first): `Replica.writer` → `Replica.namespace`.
-/// `writer` serializes index writes. `namespace` is held for in-memory work
-/// and, in a transaction, for its one index write — never across content
-/// I/O, a store call or a FUSE reply.
+/// Lock order (outermost first): `Replica.writer` → `Replica.namespace` →
+/// `SpaceReserve.state`. `writer` serializes index writes. `namespace` is
+/// held for in-memory work and, in a transaction, for its one index write
+/// (and, on a full disk, the reserve's one system call) — never across
+/// content I/O, a store call or a FUSE reply.
 public final class Replica: Sendable {
     public let directory: URL
     public let cacheDirectory: URL
@@ -173,11 +176,12 @@ public final class Replica: Sendable {
     public func transaction<T: Sendable>(_ use: DiskUse, _ body: (inout Namespace) throws -> T,
                                          committed: (inout Namespace, T) -> Void = { _, _ in }) throws -> T {
         try writer.withLock { _ in
-            if use == .grows { try reserve.requireWhole() }
             let result = try namespace.withLock { ns -> T in
                 ns.beginTransaction()
                 do {
                     let value = try body(&ns)
+                    // After `body`: its own refusals (EEXIST…) come first, as on any filesystem.
+                    if use == .grows { try reserve.requireWhole() }
                     try write(ns.takeLog(), use)
                     ns.endTransaction()
                     committed(&ns, value)
@@ -189,6 +193,29 @@ public final class Replica: Sendable {
             }
             index.checkpointIfDue()
             return result
+        }
+    }
+
+    /// Make a change that the next commit records: a new file, committed
+    /// with its content at `close` (one SQLite transaction per small file
+    /// instead of two). Like a `.grows` transaction it is refused with
+    /// `ENOSPC` unless the space reserve is whole, and `body` throwing takes
+    /// it back whole. Once it returns it stands: the commit that records it
+    /// may use the reserve, so a full disk does not refuse it later (only an
+    /// index that fails otherwise can, like any content not yet closed).
+    /// Until it is recorded the pusher does not see it (`committedView`).
+    public func stage<T: Sendable>(_ body: (inout Namespace) throws -> T) throws -> T {
+        try namespace.withLock { ns -> T in
+            ns.beginTransaction()
+            do {
+                let value = try body(&ns)
+                try reserve.requireWhole()
+                ns.endTransaction()
+                return value
+            } catch {
+                ns.rollBackTransaction()
+                throw error
+            }
         }
     }
 

@@ -24,11 +24,13 @@ public enum DiskUse: Sendable {
 /// index write that may use the reserve fails for lack of space, the file
 /// gives back one `step` and the write is tried again, until the reserve is
 /// empty. Changes that grow the replica run only while the reserve is
-/// whole: before one runs, a reserve that gave something back is refilled
-/// (at most every `refillInterval`, so a full disk answers `ENOSPC` at once
-/// and stays cheap); if the disk cannot give the space back, the change is
-/// refused with `ENOSPC`. So the last `size` bytes of a full disk are only
-/// ever used to remove things or to record what is already there.
+/// whole: before one runs, a reserve that gave something back is refilled;
+/// if the disk cannot give the space back, the change is refused with
+/// `ENOSPC`. A refill is tried only when `fstatvfs` shows room for it, so on
+/// a full disk the answer is immediate and costs one system call, and the
+/// first change after space is freed finds it. So the last `size` bytes of a
+/// full disk are only ever used to remove things or to record what is
+/// already there.
 ///
 /// Thread safety: every method may be called from any thread; `state` is a
 /// leaf lock (held for one system call).
@@ -37,15 +39,11 @@ final class SpaceReserve: Sendable {
     static let size: Int64 = 2 << 20
     /// Bytes given back at a time.
     static let step: Int64 = 512 << 10
-    /// Shortest time between two refills that found no room (nanoseconds).
-    static let refillInterval: UInt64 = 100_000_000
 
     struct State {
         var fd: Int32
         /// Bytes the file holds now.
         var allocated: Int64
-        /// Monotonic time of the last refill that failed.
-        var lastFailedRefill: UInt64 = 0
     }
 
     let path: String
@@ -63,27 +61,27 @@ final class SpaceReserve: Sendable {
         fstat(fd, &st)
         state = Mutex(State(fd: fd, allocated: Int64(st.st_size)))
         whole.store(Int64(st.st_size) >= Self.size, ordering: .relaxed)
-        _ = refill(now: true)
+        refill()
     }
 
     deinit {
-        state.withLock { close($0.fd) }
+        _ = state.withLock { close($0.fd) }
     }
 
     /// Make the reserve whole again if it gave something back. Returns
-    /// whether it is whole. Unless `now`, a refill that failed less than
-    /// `refillInterval` ago is not tried again.
+    /// whether it is whole.
     @discardableResult
-    func refill(now: Bool = false) -> Bool {
+    func refill() -> Bool {
         if whole.load(ordering: .relaxed) { return true }
         return state.withLock { s -> Bool in
             if s.allocated >= Self.size { return true }
-            let clock = Self.monotonicNow()
-            if !now, clock &- s.lastFailedRefill < Self.refillInterval { return false }
-            if posix_fallocate(s.fd, 0, off_t(Self.size)) != 0 {
-                s.lastFailedRefill = clock
-                return false
+            // Root may use the blocks ext4 keeps for it; others may not.
+            var st = statvfs()
+            if fstatvfs(s.fd, &st) == 0 {
+                let free = Int64(geteuid() == 0 ? st.f_bfree : st.f_bavail) * Int64(st.f_frsize)
+                if free < Self.size - s.allocated { return false }
             }
+            guard posix_fallocate(s.fd, 0, off_t(Self.size)) == 0 else { return false }
             s.allocated = Self.size
             whole.store(true, ordering: .relaxed)
             return true
@@ -107,11 +105,5 @@ final class SpaceReserve: Sendable {
         guard refill() else {
             throw UbiquityError(ENOSPC, "the replica's disk is full (\(path) keeps the last \(Self.size >> 20) MiB for deletions)")
         }
-    }
-
-    static func monotonicNow() -> UInt64 {
-        var ts = timespec()
-        clock_gettime(CLOCK_MONOTONIC, &ts)
-        return UInt64(ts.tv_sec) * 1_000_000_000 + UInt64(ts.tv_nsec)
     }
 }
