@@ -237,7 +237,8 @@ final class MountHost: @unchecked Sendable {
                 }, shouldContinue: { clientAlive.withLock { $0 } })
             }
             guard clientAlive.withLock({ $0 }) else { return }
-            // Anything still pending is held open for writing: the unmount below reports EBUSY.
+            // Anything still pending is held open for writing (what the store
+            // refuses made `drain` throw): the unmount below reports EBUSY.
             unmountWaiter.withLock { $0 = connection }
             try Unmounter.unmount(mountpoint, lazy: false)
             connection.keepOpen()

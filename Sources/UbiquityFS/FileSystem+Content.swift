@@ -52,8 +52,7 @@ extension FileSystem {
         }
         if flags & O_TRUNC != 0 && flags & O_ACCMODE == O_RDONLY {
             // Linux truncates on O_RDONLY|O_TRUNC too (the kernel checked write permission).
-            try truncate(ino: ino, size: 0, handle: nil)
-            try commit()
+            _ = try setAttributes(ino: ino, changes: AttributeChanges(size: 0), handle: nil)
             var opened = try openFile(node: node, flags: flags & ~O_TRUNC)
             opened.keepCache = false
             return opened
@@ -65,7 +64,7 @@ extension FileSystem {
             opened = try openStreaming(ino: ino, flags: flags)
         } else {
             if flags & O_TRUNC != 0 {
-                try truncate(ino: ino, size: 0, handle: nil)
+                _ = try setAttributes(ino: ino, changes: AttributeChanges(size: 0), handle: nil)
             } else {
                 try hooks.download(ino: ino)
             }
@@ -84,17 +83,24 @@ extension FileSystem {
             let code = errno
             throw UbiquityError(code == ENOENT ? EIO : code, "open cache file of inode \(ino): \(String(cString: strerror(code)))")
         }
-        if writable && flags & O_TRUNC != 0 {
-            if ftruncate(fd, 0) != 0 { close(fd); throw UbiquityError.posix("truncate on open") }
-        }
         if writable {
-            // The "changed" mark is committed before the open is acknowledged.
+            // The "changed" mark (and the new size 0) is committed before the
+            // content changes and the open is acknowledged. Truncating frees
+            // space, so it may use the reserve; other opens for writing are
+            // about to add content.
+            let truncating = flags & O_TRUNC != 0
             let now = Timespec.now()
-            replica.withNamespace { ns in
-                ns.beginContentChange(ino, monotonic: Self.monotonicNow())
-                if flags & O_TRUNC != 0 { ns.contentChanged(ino, size: 0, time: now, monotonic: Self.monotonicNow()) }
+            do {
+                try change(truncating ? .mayUseReserve : .grows, notify: false) { ns in
+                    guard ns.node(ino) != nil else { throw UbiquityError(ENOENT) }
+                    ns.beginContentChange(ino, monotonic: Self.monotonicNow())
+                    if truncating { ns.contentChanged(ino, size: 0, time: now, monotonic: Self.monotonicNow()) }
+                }
+                if truncating { try resizeCacheFile(ino: ino, fd: fd, size: 0) }
+            } catch {
+                close(fd)
+                throw error
             }
-            do { try commit(notify: false) } catch { close(fd); throw error }
         }
         return register(ino: ino, fd: fd, writable: writable)
     }
@@ -164,6 +170,8 @@ extension FileSystem {
     public func write(handle: UInt64, offset: Int64, bytes: UnsafeRawPointer, count: Int) throws -> Int {
         let file = try openFileFor(handle)
         guard file.writable else { throw UbiquityError(EBADF) }
+        // The last bytes of a full disk are kept for deletions (see `SpaceReserve`).
+        try replica.requireRoomForContent()
         var written = 0
         while written < count {
             let n = pwrite(file.fd, bytes + written, count - written, off_t(offset) + off_t(written))
@@ -189,13 +197,13 @@ extension FileSystem {
     /// `close(2)` of one file descriptor: what was written is committed.
     public func flush(handle: UInt64) throws {
         let file = try openFileFor(handle)
-        if file.writable { try commit() }
+        if file.writable { try commitContent() }
     }
 
     public func fsync(handle: UInt64, dataOnly: Bool) throws {
         let file = try openFileFor(handle)
         try syscallRetrying("fsync cache file") { dataOnly ? fdatasync(file.fd) : Glibc.fsync(file.fd) }
-        try commit()
+        try commitContent()
     }
 
     public func release(handle: UInt64) throws {
@@ -217,13 +225,14 @@ extension FileSystem {
             return ns.dropIfUnreferenced(file.ino)
         }
         if dropped { Glibc.unlink(replica.cachePath(file.ino)) }
-        if file.writable { try commit() }
+        if file.writable { try commitContent() }
     }
 
     public func fallocate(handle: UInt64, mode: Int32, offset: Int64, length: Int64) throws {
         guard mode == 0 else { throw UbiquityError(EOPNOTSUPP) }
         let file = try openFileFor(handle)
         guard file.writable else { throw UbiquityError(EBADF) }
+        try replica.requireRoomForContent()
         let rc = posix_fallocate(file.fd, off_t(offset), off_t(length))
         guard rc == 0 else { throw UbiquityError(rc) }
         let end = UInt64(offset + length)
@@ -330,7 +339,7 @@ extension FileSystem {
     public func setxattr(ino: UInt64, name: String, value: Data, flags: Int32) throws {
         let ino = view.swap(ino)
         try Self.checkXattrName(name, writing: true)
-        try replica.withNamespace { ns in
+        try change(.grows) { ns in
             guard let node = ns.node(ino) else { throw UbiquityError(ENOENT) }
             let exists = node.xattrs[name] != nil
             if flags & Self.xattrCreate != 0 && exists { throw UbiquityError(EEXIST) }
@@ -338,7 +347,6 @@ extension FileSystem {
             let now = Timespec.now()
             ns.update(ino) { $0.xattrs[name] = value; $0.ctime = now }
         }
-        try commit()
     }
 
     /// `user.ubiquity.*` are read-only status attributes computed on demand;
@@ -368,13 +376,12 @@ extension FileSystem {
     public func removexattr(ino: UInt64, name: String) throws {
         let ino = view.swap(ino)
         try Self.checkXattrName(name, writing: true)
-        try replica.withNamespace { ns in
+        try change(.mayUseReserve) { ns in
             guard let node = ns.node(ino) else { throw UbiquityError(ENOENT) }
             guard node.xattrs[name] != nil else { throw UbiquityError(ENODATA) }
             let now = Timespec.now()
             ns.update(ino) { $0.xattrs[name] = nil; $0.ctime = now }
         }
-        try commit()
     }
 
     // MARK: - Filesystem

@@ -21,6 +21,13 @@ import Glibc
 /// Durability: a change is committed to the index before the method
 /// returns, except content writes, which are committed at `flush` (close),
 /// `fsync` and `release`. That is what survives `kill -9` of the daemon.
+///
+/// Failure: a namespace change runs as a replica transaction (`change`):
+/// if the index cannot record it, it is taken back and the method throws
+/// (`ENOSPC` on a full disk), so a failed operation has no effect, here or
+/// in the store. Content I/O on the cache file happens after the commit
+/// that announces it, so a crash never leaves modified content that the
+/// index believes clean.
 public final class FileSystem: Sendable {
     public let replica: Replica
     let hooks: any SyncHooks
@@ -81,10 +88,22 @@ public final class FileSystem: Sendable {
         return height
     }
 
-    /// Commit to the index and tell the sync engine; the index failing is EIO.
-    func commit(notify: Bool = true) throws {
-        try replica.persist()
+    /// Make a namespace change as a replica transaction (taken back whole if
+    /// the index cannot record it; see `Replica.transaction`), then tell the
+    /// sync engine.
+    func change<T: Sendable>(_ use: DiskUse, notify: Bool = true, _ body: (inout Namespace) throws -> T) throws -> T {
+        let value = try replica.transaction(use, body)
         if notify { hooks.localChangeRecorded() }
+        return value
+    }
+
+    /// Commit what writes recorded (size, times) and tell the sync engine.
+    /// The bytes are in the cache file already: recording them may use the
+    /// space reserve, and if even that fails they stay queued for the next
+    /// commit (and a restart reads the size from the cache file).
+    func commitContent() throws {
+        try replica.persist(.mayUseReserve)
+        hooks.localChangeRecorded()
     }
 
     static func checkName(_ name: FileName) throws {
@@ -133,22 +152,23 @@ public final class FileSystem: Sendable {
     /// creating it before they sync make one folder, not a conflict.
     public func wellKnownDirectory(_ name: FileName, id: NodeID, owner: Caller) throws -> UInt64 {
         let root = Namespace.rootIno
-        let (ino, created) = try replica.withNamespace { ns -> (UInt64, Bool) in
-            if let existing = ns.lookup(root, name) {
-                guard ns.node(existing)?.kind == .directory else {
-                    throw UbiquityError(ENOTDIR, "'\(name)' at the container's root is not a folder")
-                }
-                return (existing, false)
+        func existing(_ ns: Namespace) throws -> UInt64? {
+            guard let existing = ns.lookup(root, name) else { return nil }
+            guard ns.node(existing)?.kind == .directory else {
+                throw UbiquityError(ENOTDIR, "'\(name)' at the container's root is not a folder")
             }
+            return existing
+        }
+        if let ino = try replica.withNamespace({ ns in try existing(ns) }) { return ino }
+        return try change(.grows) { ns in
+            if let ino = try existing(ns) { return ino }
             let now = Timespec.now()
             let ino = ns.createNode(id: ns.inoByID[id] == nil ? id : UUID().uuidString.lowercased(), kind: .directory,
                                     mode: 0o755, uid: owner.uid, gid: owner.gid, time: now)
             ns.linkEntry(root, name, ino)
             ns.update(root) { $0.mtime = now; $0.ctime = now }
-            return (ino, true)
+            return ino
         }
-        if created { try commit() }
-        return ino
     }
 
     /// The kernel forgets `count` references to `ino`.
@@ -174,60 +194,96 @@ public final class FileSystem: Sendable {
     public var entryTimeout: Double { options.entryTimeout }
 
     public func setattr(ino: UInt64, changes: AttributeChanges, handle: UInt64?) throws -> Attributes {
-        let ino = view.swap(ino)
-        if let size = changes.size {
-            try truncate(ino: ino, size: size, handle: handle)
-        }
-        let attributes = try replica.withNamespace { ns -> Attributes in
-            guard let node = ns.node(ino) else { throw UbiquityError(ENOENT) }
-            if changes.size != nil, node.kind == .directory { throw UbiquityError(EISDIR) }
-            let now = Timespec.now()
-            ns.update(ino) { n in
-                if let mode = changes.mode { n.mode = mode & 0o7777 }
-                if let uid = changes.uid { n.uid = uid }
-                if let gid = changes.gid { n.gid = gid }
-                switch changes.atime {
-                case .now?: n.atime = now
-                case .at(let t)?: n.atime = t
-                case nil: break
-                }
-                switch changes.mtime {
-                case .now?: n.mtime = now
-                case .at(let t)?: n.mtime = t
-                case nil: break
-                }
-                n.ctime = changes.ctime ?? now
-            }
-            return kernelAttributes(ns.node(ino)!)
-        }
-        try commit()
-        return attributes
+        kernelAttributes(try setAttributes(ino: view.swap(ino), changes: changes, handle: handle))
     }
 
-    func truncate(ino: UInt64, size: UInt64, handle: UInt64?) throws {
-        let node = try replica.withNamespace { ns -> LocalNode in
-            guard let node = ns.node(ino) else { throw UbiquityError(ENOENT) }
-            return node
-        }
-        guard node.kind == .file else { throw UbiquityError(node.kind == .directory ? EISDIR : EINVAL) }
-        if node.isPlaceholder {
-            if size == 0 {
-                // Nothing of the old content survives: no need to fetch it.
-                close(try replica.createCacheFile(ino))
-                replica.withNamespace { ns in ns.update(ino, local: false) { $0.hasContent = true } }
-            } else {
-                try hooks.download(ino: ino)
+    /// `setattr` on replica inode `ino`. A new size is committed with the
+    /// other attributes (and the "changed" mark) first; the cache file is
+    /// resized after, so a failed commit leaves the content untouched.
+    func setAttributes(ino: UInt64, changes: AttributeChanges, handle: UInt64?) throws -> LocalNode {
+        var emptiedPlaceholder = false
+        var use = DiskUse.mayUseReserve
+        if let size = changes.size {
+            let node = try replica.withNamespace { ns -> LocalNode in
+                guard let node = ns.node(ino) else { throw UbiquityError(ENOENT) }
+                return node
             }
-        }
-        if let handle, let fd = handles.withLock({ $0.files[handle]?.fd }) {
-            try syscallRetrying("truncate") { ftruncate(fd, off_t(size)) }
-        } else {
-            try syscallRetrying("truncate") { Glibc.truncate(replica.cachePath(ino), off_t(size)) }
+            guard node.kind == .file else { throw UbiquityError(node.kind == .directory ? EISDIR : EINVAL) }
+            guard size <= UInt64(Int64.max) else { throw UbiquityError(EFBIG) }
+            if node.isPlaceholder {
+                if size == 0 {
+                    // Nothing of the old content survives: no need to fetch it.
+                    close(try replica.createCacheFile(ino))
+                    emptiedPlaceholder = true
+                } else {
+                    try hooks.download(ino: ino)
+                }
+            }
+            if size > node.size { use = .grows }
         }
         let now = Timespec.now()
+        let node: LocalNode
+        do {
+            node = try change(use) { ns -> LocalNode in
+                guard ns.node(ino) != nil else { throw UbiquityError(ENOENT) }
+                if let size = changes.size {
+                    if emptiedPlaceholder { ns.update(ino, local: false) { $0.hasContent = true } }
+                    ns.beginContentChange(ino, monotonic: Self.monotonicNow())
+                    ns.contentChanged(ino, size: size, time: now, monotonic: Self.monotonicNow())
+                }
+                ns.update(ino) { n in
+                    if let mode = changes.mode { n.mode = mode & 0o7777 }
+                    if let uid = changes.uid { n.uid = uid }
+                    if let gid = changes.gid { n.gid = gid }
+                    switch changes.atime {
+                    case .now?: n.atime = now
+                    case .at(let t)?: n.atime = t
+                    case nil: break
+                    }
+                    switch changes.mtime {
+                    case .now?: n.mtime = now
+                    case .at(let t)?: n.mtime = t
+                    case nil: break
+                    }
+                    n.ctime = changes.ctime ?? now
+                }
+                return ns.node(ino)!
+            }
+        } catch {
+            if emptiedPlaceholder { Glibc.unlink(replica.cachePath(ino)) }
+            throw error
+        }
+        if let size = changes.size {
+            let fd = handle.flatMap { handle in handles.withLock { $0.files[handle]?.fd } }
+            try resizeCacheFile(ino: ino, fd: fd, size: size)
+        }
+        return node
+    }
+
+    /// Resize the cache file of `ino` (through `fd` when the caller has it
+    /// open) to the size just committed, then move the content generation
+    /// again: a snapshot the pusher took across the resize is torn and
+    /// dropped. If the file cannot be resized, the node takes the file's
+    /// real size back (in memory; the next commit records it).
+    func resizeCacheFile(ino: UInt64, fd: Int32?, size: UInt64) throws {
+        let path = replica.cachePath(ino)
+        do {
+            if let fd {
+                try syscallRetrying("truncate") { ftruncate(fd, off_t(size)) }
+            } else {
+                try syscallRetrying("truncate") { Glibc.truncate(path, off_t(size)) }
+            }
+        } catch {
+            var st = stat()
+            if stat(path, &st) == 0 {
+                replica.withNamespace { ns in
+                    ns.contentChanged(ino, size: UInt64(st.st_size), time: nil, monotonic: Self.monotonicNow())
+                }
+            }
+            throw error
+        }
         replica.withNamespace { ns in
-            ns.beginContentChange(ino, monotonic: Self.monotonicNow())
-            ns.contentChanged(ino, size: size, time: now, monotonic: Self.monotonicNow())
+            ns.contentChanged(ino, size: size, time: nil, monotonic: Self.monotonicNow())
         }
     }
 
@@ -246,11 +302,14 @@ public final class FileSystem: Sendable {
     /// (group from a set-gid parent, which new directories inherit). For a
     /// regular file the cache file is created first (outside the lock, under
     /// a reserved inode number) and its descriptor returned, open read-write.
+    /// The node is committed before this returns; if it cannot be, nothing
+    /// of it is left (the cache file is removed).
     ///
-    /// `create` passes `durable: false`: the file is committed with its
-    /// content at `close` (a file never closed is not acknowledged data).
+    /// `create` passes `staged: true`: the file is committed with its
+    /// content at `close` (a file never closed is not acknowledged data; see
+    /// `Replica.stage`).
     func makeNode(parent: UInt64, name: FileName, kind: NodeKind, mode: UInt32, caller: Caller,
-                  rdev: UInt64 = 0, target: String? = nil, durable: Bool = true) throws -> (node: LocalNode, fd: Int32?) {
+                  rdev: UInt64 = 0, target: String? = nil, staged: Bool = false) throws -> (node: LocalNode, fd: Int32?) {
         try Self.checkName(name)
         let parent = view.swap(parent)
         var reserved: UInt64?
@@ -262,7 +321,7 @@ public final class FileSystem: Sendable {
         }
         let node: LocalNode
         do {
-            node = try replica.withNamespace { ns -> LocalNode in
+            func body(_ ns: inout Namespace) throws -> LocalNode {
                 guard let dir = ns.node(parent) else { throw UbiquityError(ENOENT) }
                 guard dir.kind == .directory, !dir.unlinked else { throw UbiquityError(dir.unlinked ? ENOENT : ENOTDIR) }
                 try checkPlacement(parent: parent, name: name, directoryHeight: kind == .directory ? 1 : nil, in: ns)
@@ -282,7 +341,7 @@ public final class FileSystem: Sendable {
                 ns.updateRuntime(ino) { $0.lookups += 1 }
                 return ns.node(ino)!
             }
-            if durable { try commit() }
+            node = staged ? try replica.stage(body) : try change(.grows, body)
         } catch {
             if let fd, let reserved {
                 close(fd)
@@ -311,7 +370,7 @@ public final class FileSystem: Sendable {
     }
 
     public func create(parent: UInt64, name: FileName, mode: UInt32, flags: Int32, caller: Caller) throws -> (EntryReply, OpenReply) {
-        let made = try makeNode(parent: parent, name: name, kind: .file, mode: mode, caller: caller, durable: false)
+        let made = try makeNode(parent: parent, name: name, kind: .file, mode: mode, caller: caller, staged: true)
         let writable = flags & O_ACCMODE != O_RDONLY
         let opened = register(ino: made.node.ino, fd: made.fd!, writable: writable)
         return (entryReply(made.node), opened)
@@ -321,7 +380,7 @@ public final class FileSystem: Sendable {
         let ino = view.swap(ino)
         let newParent = view.swap(newParent)
         try Self.checkName(newName)
-        let node = try replica.withNamespace { ns -> LocalNode in
+        let node = try change(.grows) { ns -> LocalNode in
             guard let node = ns.node(ino) else { throw UbiquityError(ENOENT) }
             guard node.kind != .directory else { throw UbiquityError(EPERM) }
             guard let dir = ns.node(newParent) else { throw UbiquityError(ENOENT) }
@@ -336,7 +395,6 @@ public final class FileSystem: Sendable {
             ns.updateRuntime(ino) { $0.lookups += 1 }
             return ns.node(ino)!
         }
-        try commit()
         return entryReply(node)
     }
 
@@ -353,7 +411,7 @@ public final class FileSystem: Sendable {
     }
 
     func remove(parent: UInt64, name: FileName, directory: Bool) throws {
-        let dropped = try replica.withNamespace { ns -> UInt64? in
+        let dropped = try change(.mayUseReserve) { ns -> UInt64? in
             guard let ino = ns.lookup(parent, name), let node = ns.node(ino),
                   !(parent == view.root && name == view.hidden) else { throw UbiquityError(ENOENT) }
             if directory {
@@ -369,7 +427,6 @@ public final class FileSystem: Sendable {
             return ns.dropIfUnreferenced(ino) ? ino : nil
         }
         if let dropped { Glibc.unlink(replica.cachePath(dropped)) }
-        try commit()
     }
 
     public func rename(parent: UInt64, name: FileName, newParent: UInt64, newName: FileName, flags: RenameFlags) throws {
@@ -377,7 +434,7 @@ public final class FileSystem: Sendable {
         let parent = view.swap(parent)
         let newParent = view.swap(newParent)
         guard flags.isSubset(of: [.noReplace, .exchange]), flags != [.noReplace, .exchange] else { throw UbiquityError(EINVAL) }
-        let dropped = try replica.withNamespace { ns -> UInt64? in
+        let dropped = try change(.mayUseReserve) { ns -> UInt64? in
             guard let source = ns.lookup(parent, name), let sourceNode = ns.node(source) else { throw UbiquityError(ENOENT) }
             guard let destinationDir = ns.node(newParent), destinationDir.kind == .directory else { throw UbiquityError(ENOTDIR) }
             let target = ns.lookup(newParent, newName)
@@ -425,7 +482,6 @@ public final class FileSystem: Sendable {
             return nil
         }
         if let dropped { Glibc.unlink(replica.cachePath(dropped)) }
-        try commit()
     }
 
     /// Whether `ancestor` is `ino` or one of its ancestors (directories have one entry).

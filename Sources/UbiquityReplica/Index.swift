@@ -1,16 +1,23 @@
 import Foundation
 import GRDB
+import Synchronization
 import UbiquityStore
 
 /// The replica's persistent index: one SQLite database (GRDB, WAL,
 /// `synchronous=NORMAL`) holding every node, entry and pending change.
 ///
-/// The index is written only by `Replica.persist()`, in batches (group
-/// commit); it is read once, at mount, to rebuild the in-memory `Namespace`.
-/// A commit survives `kill -9` of the daemon (WAL pages are in the kernel
-/// once the transaction returns).
+/// The index is written only by `Replica` (`transaction`, `persist`); it is
+/// read once, at mount, to rebuild the in-memory `Namespace`. A commit
+/// survives `kill -9` of the daemon (WAL pages are in the kernel once the
+/// transaction returns).
+///
+/// SQLite's automatic checkpoint is off: it would run inside a commit, and
+/// `Replica.transaction` commits under the namespace lock. `Replica` calls
+/// `checkpointIfDue()` after commits instead, outside that lock.
 final class Index: Sendable {
     let db: DatabaseQueue
+    /// Transactions and operations written since the last checkpoint.
+    let sinceCheckpoint = Mutex<(transactions: Int, ops: Int)>((0, 0))
 
     init(path: String, readOnly: Bool = false) throws {
         var config = Configuration()
@@ -22,6 +29,7 @@ final class Index: Sendable {
             config.prepareDatabase { db in
                 try db.execute(sql: "PRAGMA journal_mode=WAL")
                 try db.execute(sql: "PRAGMA synchronous=NORMAL")
+                try db.execute(sql: "PRAGMA wal_autocheckpoint=0")
             }
         }
         do {
@@ -61,8 +69,33 @@ final class Index: Sendable {
         return m
     }
 
+    /// Write `ops` in one transaction: all or nothing. A disk with no room
+    /// for them is `ENOSPC`, any other failure `EIO`.
     func write(_ ops: [IndexOp]) throws {
         guard !ops.isEmpty else { return }
+        do {
+            try writeTransaction(ops)
+        } catch let error as DatabaseError where error.resultCode == .SQLITE_FULL {
+            throw UbiquityError(ENOSPC, "the replica's disk is full: the index cannot record the change (\(error.message ?? "SQLITE_FULL"))")
+        } catch {
+            throw UbiquityError(EIO, "replica index write failed: \(error)")
+        }
+        sinceCheckpoint.withLock { $0.transactions += 1; $0.ops += ops.count }
+    }
+
+    /// About how often SQLite's own automatic checkpoint would run (every
+    /// 1,000 WAL pages): after 200 transactions or 4,000 operations.
+    func checkpointIfDue() {
+        let due = sinceCheckpoint.withLock { count -> Bool in
+            guard count.transactions >= 200 || count.ops >= 4_000 else { return false }
+            count = (0, 0)
+            return true
+        }
+        // A checkpoint that fails (a full disk) leaves the WAL as it is; the next one catches up.
+        if due { _ = try? db.writeWithoutTransaction { try $0.checkpoint(.passive) } }
+    }
+
+    func writeTransaction(_ ops: [IndexOp]) throws {
         try db.write { db in
             let upsert = try db.cachedStatement(sql: """
                 INSERT OR REPLACE INTO node VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)

@@ -8,7 +8,9 @@ import UbiquityStore
 /// A `Namespace` is only ever accessed inside `Replica.withNamespace` (under
 /// the replica's lock). Every mutation goes through the primitives below,
 /// which record what the index must write (`dirtyRows`, `log`) and what the
-/// sync engine must push (`change` counters, `pendingEntries`).
+/// sync engine must push (`change` counters, `pendingEntries`). Inside a
+/// transaction (`Replica.transaction`) they also record what they replace
+/// (`undo`), so a change the index could not record is taken back whole.
 public struct Namespace: Sendable {
     public internal(set) var nodes: [UInt64: LocalNode] = [:]
     public internal(set) var children: [UInt64: [FileName: DirEntry]] = [:]
@@ -43,6 +45,8 @@ public struct Namespace: Sendable {
     public internal(set) var itemChangeSeq: UInt64 = 0
     public internal(set) var structureSeq: UInt64 = 0
     var itemChangeRing = [UInt64](repeating: 0, count: 16_384)
+    /// The values a running transaction replaced (nil: no transaction).
+    var undo: Undo?
 
     public static let rootIno: UInt64 = 1
 
@@ -118,6 +122,9 @@ public struct Namespace: Sendable {
                                     mode: UInt32, uid: UInt32, gid: UInt32, rdev: UInt64 = 0, target: String? = nil,
                                     time: Timespec = .now(), local: Bool = true) -> UInt64 {
         let ino = reserved ?? reserveIno()
+        saveNode(ino)
+        saveID(id)
+        if kind == .directory { saveDirectory(ino) }
         var node = LocalNode(ino: ino, id: id, kind: kind, mode: mode, uid: uid, gid: gid,
                              size: kind == .symlink ? UInt64(target?.utf8.count ?? 0) : 0,
                              rdev: rdev, target: target, time: time)
@@ -132,17 +139,22 @@ public struct Namespace: Sendable {
     /// Change a node. `local` changes are pushed; remote ones are not.
     public mutating func update(_ ino: UInt64, local: Bool = true, _ body: (inout LocalNode) -> Void) {
         guard nodes[ino] != nil else { return }
+        saveNode(ino)
         body(&nodes[ino]!)
         if local { nodes[ino]!.change = nextChange() }
         touched(ino)
     }
 
-    /// Record a content change (write, truncate) without persisting it yet.
-    public mutating func contentChanged(_ ino: UInt64, size: UInt64, time: Timespec, monotonic: UInt64) {
+    /// Record a content change (write, truncate) without persisting it yet;
+    /// `time` (if given) becomes the mtime and ctime.
+    public mutating func contentChanged(_ ino: UInt64, size: UInt64, time: Timespec?, monotonic: UInt64) {
         guard nodes[ino] != nil else { return }
+        saveNode(ino)
         nodes[ino]!.size = size
-        nodes[ino]!.mtime = time
-        nodes[ino]!.ctime = time
+        if let time {
+            nodes[ino]!.mtime = time
+            nodes[ino]!.ctime = time
+        }
         nodes[ino]!.lastContentChange = monotonic
         // Every change moves the generation: a snapshot taken across it is torn.
         if nodes[ino]!.contentGeneration <= nodes[ino]!.pushedGeneration {
@@ -158,6 +170,7 @@ public struct Namespace: Sendable {
     /// that the index believes clean.
     public mutating func beginContentChange(_ ino: UInt64, monotonic: UInt64) {
         guard nodes[ino] != nil else { return }
+        saveNode(ino)
         nodes[ino]!.contentGeneration += 1
         nodes[ino]!.lastContentChange = monotonic
         nodes[ino]!.change = nextChange()
@@ -167,6 +180,7 @@ public struct Namespace: Sendable {
     /// Runtime-only bookkeeping (lookup and open counts): not persisted.
     public mutating func updateRuntime(_ ino: UInt64, _ body: (inout LocalNode) -> Void) {
         guard let writers = nodes[ino]?.openWriters else { return }
+        saveNode(ino)
         body(&nodes[ino]!)
         if nodes[ino]!.openWriters != writers { itemChanged(ino) }   // isUploading follows it
     }
@@ -175,6 +189,10 @@ public struct Namespace: Sendable {
     /// caller has dealt with the replaced node via `unlinkEntry` first).
     public mutating func linkEntry(_ parent: UInt64, _ name: FileName, _ ino: UInt64, local: Bool = true) {
         let previous = children[parent]?[name]?.ino ?? 0
+        saveEntry(parent, name)
+        saveNode(ino)
+        saveNode(parent)
+        saveDirectoryParent(ino)
         let cookie = nextCookie
         nextCookie += 1
         children[parent, default: [:]][name] = DirEntry(ino: ino, cookie: cookie)
@@ -199,8 +217,12 @@ public struct Namespace: Sendable {
     /// Remove the entry `name` from `parent`; returns the node it named.
     @discardableResult
     public mutating func unlinkEntry(_ parent: UInt64, _ name: FileName, local: Bool = true) -> UInt64? {
-        guard let entry = children[parent]?.removeValue(forKey: name) else { return nil }
-        let ino = entry.ino
+        guard let ino = children[parent]?[name]?.ino else { return nil }
+        saveEntry(parent, name)
+        saveNode(ino)
+        saveNode(parent)
+        saveDirectoryParent(ino)
+        children[parent]![name] = nil
         if let kind = nodes[ino]?.kind {
             if kind == .directory {
                 if let n = nodes[parent]?.nlink, n > 0 { nodes[parent]!.nlink = n - 1 }
@@ -283,6 +305,8 @@ public struct Namespace: Sendable {
     /// Give node `ino` a new stable ID (it becomes a new node to the store).
     public mutating func rekey(_ ino: UInt64, to id: NodeID) {
         guard let old = nodes[ino]?.id else { return }
+        saveID(old)
+        saveID(id)
         if inoByID[old] == ino { inoByID[old] = nil }
         inoByID[id] = ino
         update(ino) { n in
@@ -305,6 +329,7 @@ public struct Namespace: Sendable {
     /// first change until the entry is pushed).
     mutating func markEntryPending(_ parent: UInt64, _ name: FileName, base: UInt64) {
         let key = EntryKey(parent: parent, name: name)
+        savePending(key)
         let change = nextChange()
         let base = pendingEntries[key] == nil ? base : (pendingEntryBase[key] ?? 0)
         pendingEntries[key] = change
@@ -315,6 +340,7 @@ public struct Namespace: Sendable {
     /// The entry was pushed as of `change`; forget it unless it changed again since.
     public mutating func entryPushed(_ key: EntryKey, change: UInt64) {
         if let current = pendingEntries[key], current <= change {
+            savePending(key)
             pendingEntries[key] = nil
             pendingEntryBase[key] = nil
             log.append(.clearPendingEntry(parent: key.parent, name: key.name))
@@ -324,6 +350,7 @@ public struct Namespace: Sendable {
     /// The entry now holds what the store holds (a remote change set its
     /// value): nothing of it is left to push.
     public mutating func entryMatchesStore(_ key: EntryKey) {
+        savePending(key)
         if pendingEntries.removeValue(forKey: key) != nil {
             pendingEntryBase[key] = nil
             log.append(.clearPendingEntry(parent: key.parent, name: key.name))
@@ -334,6 +361,7 @@ public struct Namespace: Sendable {
     /// over it: the store's value it was made from is now `base` (0: nothing).
     public mutating func rebaseEntry(_ key: EntryKey, on base: UInt64) {
         guard let change = pendingEntries[key], pendingEntryBase[key] != base else { return }
+        savePending(key)
         pendingEntryBase[key] = base
         log.append(.pendingEntry(parent: key.parent, name: key.name, change: change, base: base))
     }
@@ -342,6 +370,7 @@ public struct Namespace: Sendable {
     /// entries that named `old` before they changed named `new`.
     public mutating func rebasePendingEntries(from old: UInt64, to new: UInt64) {
         for (key, base) in pendingEntryBase where base == old {
+            savePending(key)
             pendingEntryBase[key] = new
             log.append(.pendingEntry(parent: key.parent, name: key.name, change: pendingEntries[key] ?? 0, base: new))
         }
@@ -354,6 +383,10 @@ public struct Namespace: Sendable {
     public mutating func dropIfUnreferenced(_ ino: UInt64) -> Bool {
         guard let node = nodes[ino], node.unlinked, node.lookups == 0, node.openCount == 0,
               !node.hasUnpushedMetadata, ino != Self.rootIno else { return false }
+        saveNode(ino)
+        saveDirectory(ino)
+        saveDirectoryParent(ino)
+        saveID(node.id)
         nodes[ino] = nil
         children[ino] = nil
         directoryParent[ino] = nil
@@ -379,6 +412,112 @@ public struct Namespace: Sendable {
         let out = log
         log.removeAll(keepingCapacity: true)
         return out
+    }
+
+    /// Put back writes the index did not take (they go first, before
+    /// anything logged since): they are written with the next commit.
+    mutating func requeue(_ ops: [IndexOp]) {
+        log = ops + log
+    }
+
+    // MARK: Transactions
+
+    /// What a transaction replaced: for every key it touched, the value
+    /// before its first change (nil inside: there was none). Restoring them
+    /// puts the namespace back exactly as it was, whatever order the
+    /// changes came in.
+    struct Undo {
+        var nodes: [UInt64: (node: LocalNode?, unpushed: Bool)] = [:]
+        var entries: [EntryKey: DirEntry?] = [:]
+        /// Whole directory tables, saved when one is created or dropped.
+        var directories: [UInt64: [FileName: DirEntry]?] = [:]
+        var ids: [NodeID: UInt64?] = [:]
+        var directoryParents: [UInt64: UInt64?] = [:]
+        var pending: [EntryKey: (change: UInt64?, base: UInt64?)] = [:]
+        var nextIno: UInt64
+        var nextCookie: UInt64
+        var changeCounter: UInt64
+        var appliedSeq: UInt64
+        var log: [IndexOp]
+        var dirtyRows: Set<UInt64>
+    }
+
+    /// Start recording what changes replace (one transaction at a time).
+    mutating func beginTransaction() {
+        precondition(undo == nil, "transactions do not nest")
+        undo = Undo(nextIno: nextIno, nextCookie: nextCookie, changeCounter: changeCounter,
+                    appliedSeq: appliedSeq, log: log, dirtyRows: dirtyRows)
+    }
+
+    /// The index recorded the transaction: keep its changes.
+    mutating func endTransaction() {
+        undo = nil
+    }
+
+    /// Take back everything the transaction changed, including what it
+    /// logged for the index. Counters that only announce changes
+    /// (`pushWork`, `itemChangeSeq`, `structureSeq`) are left moved: their
+    /// readers look again and find nothing new.
+    mutating func rollBackTransaction() {
+        guard let saved = undo else { return }
+        undo = nil
+        for (ino, value) in saved.nodes {
+            nodes[ino] = value.node
+            if value.unpushed { unpushed.insert(ino) } else { unpushed.remove(ino) }
+        }
+        // Whole tables first: the entries saved below hold the values from
+        // before the transaction, also for a table dropped after changing.
+        for (dir, table) in saved.directories { children[dir] = table }
+        for (key, entry) in saved.entries {
+            if let entry {
+                children[key.parent, default: [:]][key.name] = entry
+            } else {
+                children[key.parent]?[key.name] = nil
+            }
+        }
+        for (id, ino) in saved.ids { inoByID[id] = ino }
+        for (dir, parent) in saved.directoryParents { directoryParent[dir] = parent }
+        for (key, value) in saved.pending {
+            pendingEntries[key] = value.change
+            pendingEntryBase[key] = value.base
+        }
+        nextIno = saved.nextIno
+        nextCookie = saved.nextCookie
+        changeCounter = saved.changeCounter
+        appliedSeq = saved.appliedSeq
+        log = saved.log
+        dirtyRows = saved.dirtyRows
+    }
+
+    mutating func saveNode(_ ino: UInt64) {
+        guard undo != nil, undo!.nodes.index(forKey: ino) == nil else { return }
+        undo!.nodes[ino] = (nodes[ino], unpushed.contains(ino))
+    }
+
+    mutating func saveEntry(_ parent: UInt64, _ name: FileName) {
+        let key = EntryKey(parent: parent, name: name)
+        guard undo != nil, undo!.entries.index(forKey: key) == nil else { return }
+        undo!.entries[key] = .some(children[parent]?[name])
+    }
+
+    mutating func saveDirectory(_ ino: UInt64) {
+        guard undo != nil, undo!.directories.index(forKey: ino) == nil else { return }
+        undo!.directories[ino] = .some(children[ino])
+    }
+
+    mutating func saveID(_ id: NodeID) {
+        guard undo != nil, undo!.ids.index(forKey: id) == nil else { return }
+        undo!.ids[id] = .some(inoByID[id])
+    }
+
+    mutating func saveDirectoryParent(_ ino: UInt64) {
+        guard undo != nil, undo!.directoryParents.index(forKey: ino) == nil else { return }
+        undo!.directoryParents[ino] = .some(directoryParent[ino])
+    }
+
+    mutating func savePending(_ key: EntryKey) {
+        guard undo != nil, undo!.pending.index(forKey: key) == nil else { return }
+        undo!.pending[key] = (pendingEntries[key], pendingEntryBase[key])
     }
 
     // MARK: Queries for the sync engine and status

@@ -10,12 +10,27 @@ import Glibc
 ///
 /// Layout under `$XDG_DATA_HOME/ubiquityfs/replicas/STORE-ID/CONTAINER/`:
 /// `index.sqlite` (+ WAL), `cache/XX/INO` (content by inode number),
-/// `cache/BUCKET/INO.VERSION.part` (downloads in progress), `daemon.log`, `lock`.
+/// `cache/BUCKET/INO.VERSION.part` (downloads in progress), `reserve` (space
+/// set aside, see `SpaceReserve`), `daemon.log`, `lock`.
 ///
-/// Lock order (outermost first): `Replica.writer` → `Replica.namespace`.
-/// `namespace` is held only for in-memory work — never across I/O, a store
-/// call or a FUSE reply. `writer` serializes index transactions; it may take
-/// `namespace` briefly to collect the log.
+/// **Changes and the index.** A change the user makes (a new item, a move,
+/// a removal, new metadata) runs as a `transaction`: it is applied to the
+/// namespace and written to the index under the namespace lock, and taken
+/// back whole if the index does not take it — so nobody ever sees a change
+/// the index lacks, and a failed operation has no effect. A new file is
+/// `stage`d instead: committed with its content at `close`, like content.
+/// What only records a fact (a pull applied, a push done, a download
+/// installed, the size of content already written) goes through `persist`:
+/// if the index does not take it, it stays queued in memory and is written
+/// with the next commit (after a crash it is learned again: pulled, pushed,
+/// downloaded, or read from the cache file). The sync engine pushes only
+/// what the index holds (`committedView`).
+///
+/// Lock order (outermost first): `Replica.writer` → `Replica.namespace` →
+/// `SpaceReserve.state`. `writer` serializes index writes. `namespace` is
+/// held for in-memory work and, in a transaction, for its one index write
+/// (and, on a full disk, the reserve's one system call) — never across
+/// content I/O, a store call or a FUSE reply.
 public final class Replica: Sendable {
     public let directory: URL
     public let cacheDirectory: URL
@@ -24,6 +39,7 @@ public final class Replica: Sendable {
     let writer = Mutex<Int>(0)
     let lockFD: Int32
     let lockReleased = Mutex(false)
+    let reserve: SpaceReserve
 
     /// Open (creating if needed) the replica in `directory` and take its
     /// lock: a second daemon on the same replica is refused with `EBUSY`.
@@ -53,6 +69,7 @@ public final class Replica: Sendable {
         try? fm.createDirectory(at: cacheDirectory, withIntermediateDirectories: true)
 
         do {
+            reserve = try SpaceReserve(path: directory.appendingPathComponent("reserve").path)
             index = try Index(path: directory.appendingPathComponent("index.sqlite").path)
             var ns = try index.load()
             Self.recover(&ns, cacheDirectory: cacheDirectory, rootOwner: rootOwner)
@@ -142,16 +159,118 @@ public final class Replica: Sendable {
         try namespace.withLock { ns in try body(&ns) }
     }
 
-    /// Write everything the namespace changed since the last call to the
-    /// index in one transaction (group commit: a caller whose changes were
-    /// written by a concurrent `persist` returns once that commit is done).
-    public func persist() throws {
+    /// Make a change that takes effect only if the index records it.
+    ///
+    /// `body` changes the namespace (and may throw to refuse); everything
+    /// logged so far is then written to the index in one SQLite
+    /// transaction, still under the namespace lock. If `body` throws or the
+    /// write fails, the namespace is put back exactly as it was and the
+    /// error is thrown: `ENOSPC` when the disk has no room, `EIO` otherwise.
+    /// `committed` runs after a successful write, still under the lock (for
+    /// a file operation that must follow the commit and not interleave with
+    /// others, such as removing an evicted file's content).
+    ///
+    /// A change that `.grows` the replica is refused with `ENOSPC` unless the
+    /// space reserve is whole; one that `.mayUseReserve` gets the reserve's
+    /// space, a step at a time, when the disk is full.
+    public func transaction<T: Sendable>(_ use: DiskUse, _ body: (inout Namespace) throws -> T,
+                                         committed: (inout Namespace, T) -> Void = { _, _ in }) throws -> T {
+        try writer.withLock { _ in
+            let result = try namespace.withLock { ns -> T in
+                ns.beginTransaction()
+                do {
+                    let value = try body(&ns)
+                    // After `body`: its own refusals (EEXIST…) come first, as on any filesystem.
+                    if use == .grows { try reserve.requireWhole() }
+                    try write(ns.takeLog(), use)
+                    ns.endTransaction()
+                    committed(&ns, value)
+                    return value
+                } catch {
+                    ns.rollBackTransaction()
+                    throw error
+                }
+            }
+            index.checkpointIfDue()
+            return result
+        }
+    }
+
+    /// Make a change that the next commit records: a new file, committed
+    /// with its content at `close` (one SQLite transaction per small file
+    /// instead of two). Like a `.grows` transaction it is refused with
+    /// `ENOSPC` unless the space reserve is whole, and `body` throwing takes
+    /// it back whole. Once it returns it stands: the commit that records it
+    /// may use the reserve, so a full disk does not refuse it later (only an
+    /// index that fails otherwise can, like any content not yet closed).
+    /// Until it is recorded the pusher does not see it (`committedView`).
+    public func stage<T: Sendable>(_ body: (inout Namespace) throws -> T) throws -> T {
+        try namespace.withLock { ns -> T in
+            ns.beginTransaction()
+            do {
+                let value = try body(&ns)
+                try reserve.requireWhole()
+                ns.endTransaction()
+                return value
+            } catch {
+                ns.rollBackTransaction()
+                throw error
+            }
+        }
+    }
+
+    /// Write what the namespace recorded since the last commit (the facts
+    /// `persist` is for, and content sizes from writes) in one transaction.
+    /// If the index does not take it, it stays queued for the next commit
+    /// and the error is thrown (`ENOSPC` when the disk has no room; for
+    /// `.grows`, also while the space reserve is not whole).
+    public func persist(_ use: DiskUse = .mayUseReserve) throws {
         try writer.withLock { _ in
             let ops = namespace.withLock { ns in ns.takeLog() }
             do {
-                try index.write(ops)
+                if use == .grows && !ops.isEmpty { try reserve.requireWhole() }
+                try write(ops, use)
             } catch {
-                throw UbiquityError(EIO, "replica index write failed: \(error)")
+                namespace.withLock { ns in ns.requeue(ops) }
+                throw error
+            }
+            index.checkpointIfDue()
+        }
+    }
+
+    /// `body`'s view of the namespace at a moment when the index holds all
+    /// of it: what the namespace recorded so far is written first (as by
+    /// `persist`), and `body` sees exactly that. The sync engine builds its
+    /// change sets here, so it never pushes what this device could lose.
+    public func committedView<T: Sendable>(_ body: (Namespace) -> T) throws -> T {
+        try writer.withLock { _ in
+            let (ops, value) = namespace.withLock { ns in (ns.takeLog(), body(ns)) }
+            do {
+                try write(ops, .mayUseReserve)
+            } catch {
+                namespace.withLock { ns in ns.requeue(ops) }
+                throw error
+            }
+            index.checkpointIfDue()
+            return value
+        }
+    }
+
+    /// `ENOSPC` if the disk is full, as far as content is concerned: new
+    /// content (a write, an allocation) needs the space reserve to be whole.
+    public func requireRoomForContent() throws {
+        try reserve.requireWhole()
+    }
+
+    /// Write `ops` (the caller holds `writer`); when the disk is full and
+    /// `use` allows it, give back the reserve a step at a time and try again.
+    func write(_ ops: [IndexOp], _ use: DiskUse) throws {
+        while true {
+            do {
+                try index.write(ops)
+                return
+            } catch let error as UbiquityError where error.errno == ENOSPC && use == .mayUseReserve {
+                guard reserve.release() else { throw error }
             }
         }
     }

@@ -95,6 +95,7 @@ public final class FaultyStore: Store, CustomStringConvertible {
     let base: any Store
     let failing = Mutex<Set<Operation>>([])
     let delay = Mutex<Double?>(nil)
+    let blobLimit = Mutex<Int?>(nil)
     public var storeID: String { base.storeID }
 
     public init(_ base: any Store) { self.base = base }
@@ -121,6 +122,9 @@ public final class FaultyStore: Store, CustomStringConvertible {
     public func hasBlob(_ hash: String) throws -> Bool { try base.hasBlob(hash) }
     public func putBlob(_ hash: String, data: Data) throws {
         try check(.putBlob)
+        if let limit = blobLimit.withLock({ $0 }), data.count > limit {
+            throw UbiquityError(ENOSPC, "injected fault: no room in the store for \(data.count) bytes")
+        }
         try base.putBlob(hash, data: data)
     }
     public func flushBlobs() throws { try base.flushBlobs() }
@@ -130,6 +134,9 @@ public final class FaultyStore: Store, CustomStringConvertible {
         if let delay = delay.withLock({ $0 }) { Thread.sleep(forTimeInterval: delay) }
         return try base.fetchBlob(hash)
     }
+
+    /// Refuse blobs larger than `bytes` with ENOSPC (a store with little room left), or nil.
+    public func refuseBlobs(largerThan bytes: Int?) { blobLimit.withLock { $0 = bytes } }
 
     /// Make every blob fetch take this long (a slow store), or nil.
     public func slowFetches(by seconds: Double?) { delay.withLock { $0 = seconds } }

@@ -222,7 +222,9 @@ extension SyncEngine {
                 return true
             }
             if !installed { unlink(partial) }
-            try replica.persist()
+            // The content is in place either way; if the index has no room to
+            // record it, that stays queued (a restart downloads it again).
+            do { try replica.persist(.grows) } catch { record(error: error) }
             if installed {
                 // st_blocks changed: the kernel must not keep the placeholder's attributes.
                 var changes = ReplicaChanges()

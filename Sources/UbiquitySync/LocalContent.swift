@@ -15,9 +15,10 @@ import Glibc
 /// never evicted by the limit.
 extension SyncEngine {
     /// Make file `ino` a placeholder again. Returns false if it already was one.
+    /// The content is removed only once the index has recorded the eviction.
     @discardableResult
     public func evict(ino: UInt64) throws -> Bool {
-        let evicted = try replica.withNamespace { ns -> Bool in
+        let evicted = try replica.transaction(.mayUseReserve, { ns -> Bool in
             guard let node = ns.node(ino) else { throw UbiquityError(ENOENT) }
             guard node.kind == .file else { throw UbiquityError(EISDIR, "only files can be evicted") }
             guard node.hasContent else { return false }
@@ -25,13 +26,13 @@ extension SyncEngine {
             guard !node.hasUnpushedContent, node.hash != nil || node.hashSize == 0 else {
                 throw UbiquityError(EAGAIN, "it has changes not yet pushed to the store")
             }
-            // Under the lock (one unlink), so no download or writer interleaves.
-            unlink(replica.cachePath(ino))
             ns.update(ino, local: false) { $0.hasContent = false; $0.contentEpoch &+= 1 }
             return true
-        }
+        }, committed: { _, evicted in
+            // Under the lock (one unlink), so no download or writer interleaves.
+            if evicted { unlink(replica.cachePath(ino)) }
+        })
         if evicted {
-            try replica.persist()
             var changes = ReplicaChanges()
             changes.nodes[ino] = true
             changes.count = 1
@@ -42,12 +43,11 @@ extension SyncEngine {
 
     /// Pin or unpin `ino`; pinning downloads it (a directory: everything in it).
     public func setPinned(ino: UInt64, _ pinned: Bool) throws {
-        try replica.withNamespace { ns in
+        try replica.transaction(.mayUseReserve) { ns in
             guard ns.node(ino) != nil else { throw UbiquityError(ENOENT) }
             ns.update(ino, local: false) { $0.pinned = pinned }
             if ns.node(ino)?.kind == .directory { ns.structureChanged() }   // everything below follows
         }
-        try replica.persist()
         if pinned {
             for file in replica.withNamespace({ ns in ns.files(under: ino).filter { ns.node($0)?.isPlaceholder == true } }) {
                 startDownload(ino: file, background: true)

@@ -9,9 +9,13 @@ import Glibc
 extension SyncEngine {
     /// Apply every journal record after the replica's `appliedSeq`, then
     /// tell the observer (the kernel's caches) what changed.
+    /// If the index cannot record what was applied, it stays applied (and
+    /// queued for the next commit): the kernel's caches are told all the
+    /// same, then the error is thrown.
     @discardableResult
     public func pull() throws -> ReplicaChanges {
         var all = ReplicaChanges()
+        var unrecorded: (any Error)?
         try pullLock.withLock { _ in
             while true {
                 let after = replica.withNamespace { ns in ns.appliedSeq }
@@ -31,12 +35,20 @@ extension SyncEngine {
                     }
                     all.merge(changed)
                 }
-                try replica.persist()
+                // Recorded as it is applied; if the index has no room, it
+                // stays queued (and is pulled again after a restart).
+                do {
+                    try replica.persist(.grows)
+                } catch {
+                    unrecorded = error
+                    break
+                }
             }
         }
         status.withLock { s in s.lastSync = Date(); s.storeReachable = true }
         if !all.isEmpty, let observer = observer.withLock({ $0 }) { observer.replicaChanged(all) }
         for ino in all.refresh { startDownload(ino: ino, background: true) }
+        if let unrecorded { throw unrecorded }
         return all
     }
 

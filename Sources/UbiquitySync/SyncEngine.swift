@@ -171,6 +171,8 @@ public final class SyncEngine: Sendable {
 
     struct UploadFailure: Sendable {
         var attempts: Int
+        /// The content generation that failed: content changed since is tried at once.
+        var generation: UInt64
         /// Monotonic nanoseconds before which the file is not tried again.
         var retryAt: UInt64
         var message: String
@@ -179,12 +181,13 @@ public final class SyncEngine: Sendable {
     /// Longest wait between two tries of a file the store does not take.
     static let maxUploadBackoff = 300.0
 
-    func uploadFailed(_ ino: UInt64, _ error: any Error) {
+    func uploadFailed(_ ino: UInt64, generation: UInt64, _ error: any Error) {
         let message = "\(UbiquityError.wrap(error))"
         let attempts = uploadFailures.withLock { failures -> Int in
             let attempts = (failures[ino]?.attempts ?? 0) + 1
             let wait = min(Self.maxUploadBackoff, pow(2, Double(min(attempts, 16))))
-            failures[ino] = UploadFailure(attempts: attempts, retryAt: Self.monotonicNow() + UInt64(wait * 1e9), message: message)
+            failures[ino] = UploadFailure(attempts: attempts, generation: generation,
+                                          retryAt: Self.monotonicNow() + UInt64(wait * 1e9), message: message)
             return attempts
         }
         if attempts == 1 { record(error: UbiquityError(EIO, "cannot upload \(replica.withNamespace { $0.path(of: ino) } ?? "inode \(ino)"): \(message)")) }
@@ -209,6 +212,8 @@ public final class SyncEngine: Sendable {
     /// Push until nothing is pending, reporting progress. Returns the number
     /// of items still pending: 0, or items that cannot be pushed because a
     /// program keeps them open for writing (the caller decides what to do).
+    /// Files the store refuses (full, a failing write) are an error: they
+    /// are not in the store, and the caller must not say otherwise.
     @discardableResult
     public func drain(progress: (_ items: Int, _ bytes: UInt64) -> Void, shouldContinue: () -> Bool = { true }) throws -> Int {
         while shouldContinue() {
@@ -216,7 +221,13 @@ public final class SyncEngine: Sendable {
             progress(pending.items, pending.bytes)
             if pending.items == 0 { return 0 }
             do {
-                if try !pushOnce(ignoreDelay: true) { return pending.items }
+                if try !pushOnce(ignoreDelay: true) {
+                    let refused = failingUploads()
+                    guard let first = refused.first else { return pending.items }
+                    let path = replica.withNamespace { ns in ns.path(of: first.ino) } ?? "inode \(first.ino)"
+                    let others = refused.count > 1 ? " and \(refused.count - 1) other file(s)" : ""
+                    throw UbiquityError(EIO, "the store refuses \(path)\(others): \(first.message)")
+                }
             } catch {
                 record(error: error)
                 throw error
@@ -250,13 +261,14 @@ public final class SyncEngine: Sendable {
     func pushLocked(ignoreDelay: Bool) throws -> Bool {
         let now = Self.monotonicNow()
         let delay = ignoreDelay ? 0 : UInt64(writeBackDelay * 1e9)
-        let backingOff = ignoreDelay ? [] : uploadFailures.withLock { failures in
-            Set(failures.filter { $0.value.retryAt > now }.keys)
+        // Files waiting after a failure (inode → the generation that failed).
+        let backingOff = ignoreDelay ? [:] : uploadFailures.withLock { failures in
+            failures.filter { $0.value.retryAt > now }.mapValues(\.generation)
         }
         let contentCandidates = replica.withNamespace { ns in
             ns.unpushedNodes(limit: Self.maxBatchNodes).filter { n in
                 n.hasUnpushedContent && n.hasContent && !n.unlinked && n.openWriters == 0
-                    && now &- n.lastContentChange >= delay && !backingOff.contains(n.ino)
+                    && now &- n.lastContentChange >= delay && backingOff[n.ino] != n.contentGeneration
             }.map { ($0.ino, $0.contentGeneration, $0.hash) }
         }
         var snapshots: [UInt64: ContentSnapshot] = [:]
@@ -270,14 +282,16 @@ public final class SyncEngine: Sendable {
                 throw error   // the store is gone: nothing can be pushed
             } catch {
                 // This file waits (with back-off); the others still go.
-                uploadFailed(ino, error)
+                uploadFailed(ino, generation: generation, error)
             }
         }
         forgetSettledUploadFailures()
         if snapshots.values.contains(where: \.uploaded) { try store.flushBlobs() }
 
         while true {
-            let batch = replica.withNamespace { ns in buildBatch(ns, snapshots: snapshots) }
+            // Only what the index holds is pushed: this device never puts in
+            // the store a change it could lose (or that a failed operation made).
+            let batch = try replica.committedView { ns in buildBatch(ns, snapshots: snapshots) }
             guard !batch.changes.isEmpty || !batch.nodes.isEmpty || !batch.entries.isEmpty else { return false }
             if batch.changes.isEmpty {
                 // Only things the store never saw (created and deleted locally): settle them.
@@ -450,7 +464,10 @@ public final class SyncEngine: Sendable {
             return dropped
         }
         for ino in dropped { unlink(replica.cachePath(ino)) }
-        try replica.persist()
+        // The store has the change set: recording that is bookkeeping (may use the
+        // space reserve). If it still fails, the record stays queued; after a
+        // restart the same state is pushed again, which is harmless.
+        try replica.persist(.mayUseReserve)
     }
 
     static func monotonicNow() -> UInt64 {

@@ -40,7 +40,7 @@ extension SyncEngine {
     }
 
     public func resolve(ino: UInt64, keep choice: ConflictChoice) throws {
-        let changes = try replica.withNamespace { ns -> ReplicaChanges in
+        let changes = try replica.transaction(.mayUseReserve) { ns -> ReplicaChanges in
             guard let node = ns.node(ino) else { throw UbiquityError(ENOENT) }
             guard !node.conflicts.isEmpty else { throw UbiquityError(EINVAL, "it has no unresolved conflicts") }
             let copies = node.conflicts.compactMap { ns.inoByID[$0] }
@@ -76,7 +76,6 @@ extension SyncEngine {
             changes.node(ino, contentChanged: false, in: ns)
             return changes
         }
-        try replica.persist()
         observer.withLock { $0 }?.replicaChanged(changes)
         wake.signal()
     }

@@ -95,6 +95,30 @@ import Glibc
         #expect(a.replica.withNamespace { $0.pendingSummary().items } == 0)
     }
 
+    @Test func contentTheStoreRefusesWaitsAloneAndBlocksTheUnmount() throws {
+        let store = FaultyStore(InMemoryStore())
+        let a = try TestDevice(store: store, name: "a")
+        let b = try TestDevice(store: store, name: "b")
+        defer { a.cleanUp(); b.cleanUp() }
+        store.refuseBlobs(largerThan: 1000)
+        try a.write("big", String(repeating: "x", count: 2000))
+        try a.write("small", "fits")
+        try a.engine.pushOnce(ignoreDelay: false)
+        #expect(a.engine.failingUploads().map(\.ino) == [try a.resolve("big")])
+        try b.engine.pull()
+        #expect(try b.list("") == ["small"], "the refused file is not pushed in part")
+        // What the store refuses is not in the store: draining (unmount) must say so.
+        let error = #expect(throws: UbiquityError.self) { try a.engine.drain(progress: { _, _ in }) }
+        #expect(error?.description.contains("/big") == true)
+        // New content of the refused file is tried at once, not after the back-off.
+        try a.write("big", String(repeating: "y", count: 500))
+        try a.engine.pushOnce(ignoreDelay: false)
+        #expect(a.engine.failingUploads().isEmpty)
+        try b.engine.pull()
+        #expect(try b.read("big") == String(repeating: "y", count: 500))
+        try a.engine.drain(progress: { _, _ in })
+    }
+
     @Test func contentUnderAnOpenWriterWaitsForTheLastClose() throws {
         let store = InMemoryStore()
         let a = try TestDevice(store: store, name: "a")
