@@ -204,31 +204,78 @@ public final class FileSystem: Sendable {
         return attributes
     }
 
+    /// Set the size of file `ino`.
+    ///
+    /// Through an open writer's descriptor (`ftruncate`) it counts as a
+    /// write of that session. By path, it counts as a writer while it runs
+    /// — registered in the same critical section that finds the content
+    /// local, so an eviction either sees it or happened before — and its
+    /// "changing" mark is committed before the cache file is touched.
     func truncate(ino: UInt64, size: UInt64, handle: UInt64?) throws {
-        let node = try replica.withNamespace { ns -> LocalNode in
-            guard let node = ns.node(ino) else { throw UbiquityError(ENOENT) }
-            return node
-        }
-        guard node.kind == .file else { throw UbiquityError(node.kind == .directory ? EISDIR : EINVAL) }
-        if node.isPlaceholder {
-            if size == 0 {
-                // Nothing of the old content survives: no need to fetch it.
-                close(try replica.createCacheFile(ino))
-                replica.withNamespace { ns in ns.update(ino, local: false) { $0.hasContent = true } }
-            } else {
-                try hooks.download(ino: ino)
-            }
-        }
         if let handle, let fd = handles.withLock({ $0.files[handle]?.fd }) {
-            try syscallRetrying("truncate") { ftruncate(fd, off_t(size)) }
-        } else {
-            try syscallRetrying("truncate") { Glibc.truncate(replica.cachePath(ino), off_t(size)) }
+            let mark = replica.withNamespace { ns in ns.beginWrite(ino) }
+            do {
+                if mark { try commit(notify: false) }
+                try syscallRetrying("truncate") { ftruncate(fd, off_t(size)) }
+            } catch {
+                replica.withNamespace { ns in ns.endWrite(ino) }
+                throw error
+            }
+            let now = Timespec.now()
+            replica.withNamespace { ns in
+                ns.endWrite(ino)
+                ns.beginContentChange(ino, monotonic: Self.monotonicNow())
+                ns.contentChanged(ino, size: size, time: now, monotonic: Self.monotonicNow())
+            }
+            return
         }
-        let now = Timespec.now()
-        replica.withNamespace { ns in
-            ns.beginContentChange(ino, monotonic: Self.monotonicNow())
-            ns.contentChanged(ino, size: size, time: now, monotonic: Self.monotonicNow())
+        try whileOpening(ino) { try truncateByPath(ino: ino, size: size) }
+    }
+
+    func truncateByPath(ino: UInt64, size: UInt64) throws {
+        for _ in 0..<Self.contentAttempts {
+            let node = try replica.withNamespace { ns -> LocalNode in
+                guard let node = ns.node(ino) else { throw UbiquityError(ENOENT) }
+                return node
+            }
+            guard node.kind == .file else { throw UbiquityError(node.kind == .directory ? EISDIR : EINVAL) }
+            if node.isPlaceholder {
+                if size == 0 {
+                    // Nothing of the old content survives: no need to fetch it.
+                    close(try replica.createCacheFile(ino))
+                    replica.withNamespace { ns in
+                        // (A download that finished meanwhile is truncated below all the same.)
+                        guard ns.node(ino)?.isPlaceholder == true else { return }
+                        ns.update(ino, local: false) { $0.hasContent = true }
+                        ns.updateRuntime(ino) { $0.contentEpoch &+= 1 }
+                    }
+                } else {
+                    try hooks.download(ino: ino)
+                }
+                continue
+            }
+            let registered = replica.withNamespace { ns -> Bool in
+                guard ns.node(ino)?.hasContent == true else { return false }
+                ns.updateRuntime(ino) { $0.openWriters += 1 }
+                ns.beginContentChange(ino, monotonic: Self.monotonicNow())
+                return true
+            }
+            guard registered else { continue }
+            do {
+                try commit(notify: false)
+                try syscallRetrying("truncate") { Glibc.truncate(replica.cachePath(ino), off_t(size)) }
+            } catch {
+                replica.withNamespace { ns in writerLeft(ino, in: &ns) }
+                throw error
+            }
+            let now = Timespec.now()
+            replica.withNamespace { ns in
+                ns.contentChanged(ino, size: size, time: now, monotonic: Self.monotonicNow())
+                writerLeft(ino, in: &ns)
+            }
+            return
         }
+        throw UbiquityError(EIO, "the content of inode \(ino) keeps changing; try again")
     }
 
     public func readlink(ino: UInt64) throws -> String {
@@ -313,7 +360,10 @@ public final class FileSystem: Sendable {
     public func create(parent: UInt64, name: FileName, mode: UInt32, flags: Int32, caller: Caller) throws -> (EntryReply, OpenReply) {
         let made = try makeNode(parent: parent, name: name, kind: .file, mode: mode, caller: caller, durable: false)
         let writable = flags & O_ACCMODE != O_RDONLY
-        let opened = register(ino: made.node.ino, fd: made.fd!, writable: writable)
+        guard let opened = register(ino: made.node.ino, fd: made.fd!, writable: writable) else {
+            close(made.fd!)
+            throw UbiquityError(ENOENT)
+        }
         return (entryReply(made.node), opened)
     }
 
