@@ -133,8 +133,14 @@ extension FileSystem {
         let fd = Glibc.open(replica.cachePath(ino), (writable ? O_RDWR : O_RDONLY) | O_CLOEXEC)
         guard fd >= 0 else {
             let code = errno
-            if code == ENOENT { return nil }   // evicted or replaced meanwhile
-            throw UbiquityError(code, "open cache file of inode \(ino): \(String(cString: strerror(code)))")
+            if code == ENOENT {
+                // Evicted or replaced meanwhile (look again) — or lost behind the index's back.
+                let same = replica.withNamespace { ns in
+                    ns.node(ino).map { $0.hasContent && $0.contentEpoch == node.contentEpoch } ?? false
+                }
+                if !same { return nil }
+            }
+            throw UbiquityError(code == ENOENT ? EIO : code, "open cache file of inode \(ino): \(String(cString: strerror(code)))")
         }
         guard let opened = register(ino: ino, fd: fd, writable: writable, epoch: node.contentEpoch) else {
             close(fd)

@@ -21,6 +21,9 @@ import Glibc
 /// Durability: a change is committed to the index before the method
 /// returns, except content writes, which are committed at `flush` (close),
 /// `fsync` and `release`. That is what survives `kill -9` of the daemon.
+/// Writes to a file the store has are marked unacknowledged in the index
+/// until then (see `Namespace.beginWrite`): a crash in between makes them a
+/// recovered copy beside the good version instead of a new version.
 public final class FileSystem: Sendable {
     public let replica: Replica
     let hooks: any SyncHooks
