@@ -1,3 +1,4 @@
+#define _GNU_SOURCE
 #include "clinux.h"
 #include <unistd.h>
 #include <sys/syscall.h>
@@ -30,3 +31,5 @@ int ubq_forward_shutdown_signals(int fd) {
     signal(SIGPIPE, SIG_IGN);
     return 0;
 }
+
+const char *ubq_errno_name(int code) { return strerrorname_np(code); }

@@ -37,15 +37,15 @@ enum MountLocator {
             var request = extra
             request["command"] = command
             request["paths"] = components
-            var failure: String?
+            var failure: UbiquityError?
             var ok = false
             try ControlClient.call(socket: Locations().controlSocket(mountpoint: mountpoint).path, request) { line in
                 if let p = line["progress"] as? [String: Any] { progress?(p) }
                 onLine?(line)
-                if let e = line["error"] as? String { failure = e }
+                if let e = line["error"] as? String { failure = UbiquityError(Int32(line["errno"] as? Int ?? Int(EIO)), e) }
                 if line["ok"] != nil { ok = true }
             }
-            if let failure { throw UbiquityError(EIO, failure) }
+            if let failure { throw failure }
             guard ok else { throw UbiquityError(EIO, "the daemon of \(mountpoint) did not answer") }
         }
     }
@@ -93,7 +93,11 @@ struct Download: ParsableCommand {
 struct Evict: ParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Remove the local copy of items; they stay listed and download again when opened.",
-        discussion: "Refused for items open for writing or with changes not yet pushed. Folders: everything inside.")
+        discussion: """
+            Refused for items open for writing or with changes not yet pushed, and for items the store does not \
+            hold (missing or cut-short blobs): those are uploaded again from this device's copy, and a second \
+            evict then goes through. Folders: everything inside.
+            """)
     @Argument(help: "Files or folders inside a mount.") var paths: [String]
     func run() throws {
         do { try MountLocator.run("evict", paths: paths) } catch { fail(error) }

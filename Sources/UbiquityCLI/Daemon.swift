@@ -336,6 +336,8 @@ final class Daemon: @unchecked Sendable {
             let replica = try Replica(directory: replicaDir, rootOwner: (getuid(), getgid()))
             let engine = SyncEngine(replica: replica, store: syncStore, container: id, device: device,
                                     logger: logger, cacheLimit: settings.cacheLimit)
+            // Files being rewritten when the daemon last died: before anything else sees them.
+            try engine.recoverInterruptedWrites()
             do {
                 let changed = try engine.pull()
                 logger.info("\(id): caught up with the store, \(changed.count) changes applied")

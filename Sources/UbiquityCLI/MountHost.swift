@@ -171,18 +171,24 @@ final class MountHost: @unchecked Sendable {
         case "evict":
             contentCommand(paths, connection) { items in
                 var evicted = 0
-                var refused: [String] = []
+                var refused: [(path: String, error: UbiquityError)] = []
                 for (host, ino) in items {
                     for file in host.replica.withNamespace({ ns in ns.files(under: ino) }) {
                         do {
                             if try host.engine.evict(ino: file) { evicted += 1 }
                         } catch {
                             let path = host.replica.withNamespace { ns in ns.path(of: file) } ?? "inode \(file)"
-                            refused.append("\(path): \(UbiquityError.wrap(error))")
+                            refused.append((path, UbiquityError.wrap(error)))
                         }
                     }
                 }
-                if !refused.isEmpty { throw UbiquityError(EBUSY, "not evicted: " + refused.joined(separator: "; ")) }
+                if !refused.isEmpty {
+                    // One errno for the request: the refusals' own if they agree.
+                    let codes = Set(refused.map(\.error.errno))
+                    throw UbiquityError(codes.count == 1 ? codes.first! : EBUSY,
+                                        "not evicted: " + refused.map { "\($0.path): \($0.error.errnoName): \($0.error)" }
+                                            .joined(separator: "; "))
+                }
                 connection.send(["done": ["evicted": evicted]])
             }
         case "pin", "unpin":
@@ -259,7 +265,8 @@ final class MountHost: @unchecked Sendable {
             try body(try paths.map(locate))
             connection.send(["ok": true])
         } catch {
-            connection.send(["error": "\(UbiquityError.wrap(error))"])
+            let failure = UbiquityError.wrap(error)
+            connection.send(["error": "\(failure)", "errno": Int(failure.errno)])
         }
     }
 

@@ -39,100 +39,163 @@ struct HandleTable: Sendable {
 extension FileSystem {
     // MARK: - Files
 
+    /// How often an open (or a truncation) looks again after losing a race
+    /// with an eviction, a download or a newer version replacing the content.
+    static let contentAttempts = 50
+
     public func open(ino: UInt64, flags: Int32) throws -> OpenReply {
         let ino = view.swap(ino)
-        let node = try replica.withNamespace { ns -> LocalNode in
+        let kind = try replica.withNamespace { ns -> NodeKind in
             guard let node = ns.node(ino) else { throw UbiquityError(ENOENT) }
-            return node
+            return node.kind
         }
-        switch node.kind {
+        switch kind {
         case .directory: throw UbiquityError(EISDIR)
         case .file: break
         default: throw UbiquityError(ENXIO)   // the kernel opens special files itself
         }
         if flags & O_TRUNC != 0 && flags & O_ACCMODE == O_RDONLY {
             // Linux truncates on O_RDONLY|O_TRUNC too (the kernel checked write permission).
-            _ = try setAttributes(ino: ino, changes: AttributeChanges(size: 0), handle: nil)
-            var opened = try openFile(node: node, flags: flags & ~O_TRUNC)
+            try truncate(ino: ino, size: 0, handle: nil)
+            try commit()
+            var opened = try openContent(ino: ino, flags: flags & ~O_TRUNC)
             opened.keepCache = false
             return opened
         }
-        guard node.isPlaceholder else { return try openFile(node: node, flags: flags) }
-        var opened: OpenReply
-        if flags & O_ACCMODE == O_RDONLY {
-            // Return at once; reads wait for the ranges they need.
-            opened = try openStreaming(ino: ino, flags: flags)
-        } else {
-            if flags & O_TRUNC != 0 {
-                _ = try setAttributes(ino: ino, changes: AttributeChanges(size: 0), handle: nil)
-            } else {
-                try hooks.download(ino: ino)
-            }
-            opened = try openFile(node: node, flags: flags)
-        }
-        // New content: the kernel must drop pages it may still hold from an older version.
-        opened.keepCache = false
-        return opened
+        return try openContent(ino: ino, flags: flags)
     }
 
-    func openFile(node: LocalNode, flags: Int32) throws -> OpenReply {
+    /// Open the content of file `ino`: its cache file when local; a
+    /// placeholder opened for reading returns at once and streams, opened
+    /// for writing is downloaded first (or made empty, with `O_TRUNC`).
+    /// An open that loses a race (the content evicted, downloaded or replaced
+    /// between looking at the node and counting the open) looks again.
+    func openContent(ino: UInt64, flags: Int32) throws -> OpenReply {
+        try whileOpening(ino) { try openContentOnce(ino: ino, flags: flags) }
+    }
+
+    /// Run `body` counted as an open under way on `ino` (`LocalNode.opening`):
+    /// eviction refuses meanwhile.
+    func whileOpening<T>(_ ino: UInt64, _ body: () throws -> T) throws -> T {
+        replica.withNamespace { ns in ns.updateRuntime(ino) { $0.opening += 1 } }
+        defer { replica.withNamespace { ns in ns.updateRuntime(ino) { $0.opening -= 1 } } }
+        return try body()
+    }
+
+    func openContentOnce(ino: UInt64, flags: Int32) throws -> OpenReply {
+        let writable = flags & O_ACCMODE != O_RDONLY
+        var wasPlaceholder = false
+        var lostRace = false
+        for _ in 0..<Self.contentAttempts {
+            if lostRace { usleep(1_000) }
+            let node = try replica.withNamespace { ns -> LocalNode in
+                guard let node = ns.node(ino) else { throw UbiquityError(ENOENT) }
+                return node
+            }
+            if node.isPlaceholder {
+                wasPlaceholder = true
+                if !writable {
+                    // Return at once; reads wait for the ranges they need.
+                    if var opened = try openStreaming(node) {
+                        opened.keepCache = false
+                        return opened
+                    }
+                } else if flags & O_TRUNC != 0 {
+                    try truncate(ino: ino, size: 0, handle: nil)
+                } else {
+                    try hooks.download(ino: ino)
+                }
+                lostRace = false
+                continue
+            }
+            if var opened = try openLocal(node, flags: flags) {
+                // New content: the kernel must drop pages it may still hold from an older version.
+                if wasPlaceholder { opened.keepCache = false }
+                return opened
+            }
+            lostRace = true
+        }
+        throw UbiquityError(EIO, "the content of inode \(ino) keeps changing; try again")
+    }
+
+    /// Open the cache file of `node` (local content) and count the open.
+    /// Nil when the content changed before the open was counted (look again).
+    ///
+    /// The open and writer are counted — and for a writer the content
+    /// change begun — in one critical section that first checks that the
+    /// content is still the one the descriptor opened (its epoch: every
+    /// eviction, download and newer version moves it). So an eviction either
+    /// happened before (the epoch moved: this open looks again) or sees the
+    /// writer and refuses: a writer never writes to an evicted file.
+    func openLocal(_ node: LocalNode, flags: Int32) throws -> OpenReply? {
         let ino = node.ino
         let writable = flags & O_ACCMODE != O_RDONLY
         let fd = Glibc.open(replica.cachePath(ino), (writable ? O_RDWR : O_RDONLY) | O_CLOEXEC)
         guard fd >= 0 else {
             let code = errno
+            if code == ENOENT {
+                // Evicted or replaced meanwhile (look again) — or lost behind the index's back.
+                let same = replica.withNamespace { ns in
+                    ns.node(ino).map { $0.hasContent && $0.contentEpoch == node.contentEpoch } ?? false
+                }
+                if !same { return nil }
+            }
             throw UbiquityError(code == ENOENT ? EIO : code, "open cache file of inode \(ino): \(String(cString: strerror(code)))")
         }
-        if writable {
-            // The "changed" mark (and the new size 0) is committed before the
-            // content changes and the open is acknowledged. Truncating frees
-            // space, so it may use the reserve; other opens for writing are
-            // about to add content.
-            let truncating = flags & O_TRUNC != 0
-            let now = Timespec.now()
-            do {
-                try change(truncating ? .mayUseReserve : .grows, notify: false) { ns in
-                    guard ns.node(ino) != nil else { throw UbiquityError(ENOENT) }
-                    ns.beginContentChange(ino, monotonic: Self.monotonicNow())
-                    if truncating { ns.contentChanged(ino, size: 0, time: now, monotonic: Self.monotonicNow()) }
-                }
-                if truncating { try resizeCacheFile(ino: ino, fd: fd, size: 0) }
-            } catch {
-                close(fd)
-                throw error
-            }
+        guard let opened = register(ino: ino, fd: fd, writable: writable, epoch: node.contentEpoch) else {
+            close(fd)
+            return nil
         }
-        return register(ino: ino, fd: fd, writable: writable)
+        guard writable else { return opened }
+        // The "changed" mark (and for a node the store has, the
+        // "unacknowledged writes" mark) is committed before the open is
+        // acknowledged, and before `O_TRUNC` touches the content.
+        do {
+            // Truncating frees space, so it may use the reserve; other opens
+            // for writing are about to add content.
+            try commit(flags & O_TRUNC != 0 ? .mayUseReserve : .grows, notify: false)
+            if flags & O_TRUNC != 0 {
+                try syscallRetrying("truncate on open") { ftruncate(fd, 0) }
+                let now = Timespec.now()
+                replica.withNamespace { ns in ns.contentChanged(ino, size: 0, time: now, monotonic: Self.monotonicNow()) }
+            }
+        } catch {
+            try? release(handle: opened.handle)
+            throw error
+        }
+        return opened
     }
 
-    /// Open a placeholder for reading while it downloads. If the download
-    /// finished (or a newer version replaced it) between starting it and
-    /// opening its file, look again: the content is local now, or the newer
-    /// version's download starts.
-    func openStreaming(ino: UInt64, flags: Int32) throws -> OpenReply {
-        for attempt in 0..<50 {
-            if attempt > 0 { usleep(5_000) }
-            let node = try replica.withNamespace { ns -> LocalNode in
-                guard let node = ns.node(ino) else { throw UbiquityError(ENOENT) }
-                return node
-            }
-            guard node.isPlaceholder else { return try openFile(node: node, flags: flags) }
-            let path = hooks.startDownload(ino: ino, background: false)
-            let fd = Glibc.open(path, O_RDONLY | O_CLOEXEC)
-            if fd >= 0 {
-                return register(ino: ino, fd: fd, writable: false, streaming: (node.hashSize, node.hash))
-            }
+    /// Open a placeholder for reading while it downloads. Nil if the
+    /// download finished (or a newer version replaced it) between starting
+    /// it and opening its file: look again (the content is local now, or
+    /// the newer version's download starts).
+    func openStreaming(_ node: LocalNode) throws -> OpenReply? {
+        let ino = node.ino
+        let path = hooks.startDownload(ino: ino, background: false)
+        let fd = Glibc.open(path, O_RDONLY | O_CLOEXEC)
+        guard fd >= 0 else {
             guard errno == ENOENT else { throw UbiquityError.posix("open download of inode \(ino)") }
+            return nil
         }
-        throw UbiquityError(EIO, "the content of inode \(ino) keeps changing; try again")
+        guard let opened = register(ino: ino, fd: fd, writable: false, streaming: (node.hashSize, node.hash)) else {
+            close(fd)
+            throw UbiquityError(ENOENT)
+        }
+        return opened
     }
 
-    /// Count the open and hand out a handle for `fd`.
-    func register(ino: UInt64, fd: Int32, writable: Bool, streaming: (size: UInt64, version: String?)? = nil) -> OpenReply {
+    /// Count the open and hand out a handle for `fd`. With `epoch`, only if
+    /// the node's content is still local and of that epoch (nil otherwise);
+    /// a writer also begins a content change, in the same critical section.
+    func register(ino: UInt64, fd: Int32, writable: Bool, epoch expected: UInt32? = nil,
+                  streaming: (size: UInt64, version: String?)? = nil) -> OpenReply? {
         // Keep the kernel's pages only if they were filled from this very content
         // (and by this mount's kernel: asked before the namespace lock is taken).
         let soleView = options.soleView()
-        let (epoch, keepCache) = replica.withNamespace { ns -> (UInt32, Bool) in
+        let counted = replica.withNamespace { ns -> (UInt32, Bool)? in
+            guard let node = ns.node(ino) else { return nil }
+            if let expected, !node.hasContent || node.contentEpoch != expected { return nil }
             let now = Self.monotonicNow()
             var result: (UInt32, Bool) = (0, true)
             ns.updateRuntime(ino) {
@@ -142,8 +205,10 @@ extension FileSystem {
                 result = ($0.contentEpoch, $0.kernelEpoch == $0.contentEpoch && streaming == nil && soleView)
                 $0.kernelEpoch = $0.contentEpoch
             }
+            if writable && expected != nil { ns.beginContentChange(ino, monotonic: now) }
             return result
         }
+        guard let (epoch, keepCache) = counted else { return nil }
         let handle = handles.withLock { table in
             let handle = table.allocate()
             table.files[handle] = HandleTable.OpenFile(ino: ino, fd: fd, writable: writable, epoch: epoch,
@@ -151,6 +216,16 @@ extension FileSystem {
             return handle
         }
         return OpenReply(handle: handle, keepCache: keepCache)
+    }
+
+    /// One writer of `ino` is gone. The last one acknowledges what was
+    /// written: no descriptor can write more, every `close` has returned.
+    func writerLeft(_ ino: UInt64, in ns: inout Namespace) {
+        ns.updateRuntime(ino) {
+            $0.openWriters -= 1
+            $0.lastContentChange = Self.monotonicNow()
+        }
+        if ns.node(ino)?.openWriters == 0 { ns.acknowledgeWrites(ino) }
     }
 
     func openFileFor(_ handle: UInt64) throws -> HandleTable.OpenFile {
@@ -172,38 +247,54 @@ extension FileSystem {
         guard file.writable else { throw UbiquityError(EBADF) }
         // The last bytes of a full disk are kept for deletions (see `SpaceReserve`).
         try replica.requireRoomForContent()
+        // The first write since the last acknowledgement marks the content in
+        // the index before any of its bytes reaches the cache file.
+        let mark = replica.withNamespace { ns in ns.beginWrite(file.ino) }
         var written = 0
-        while written < count {
-            let n = pwrite(file.fd, bytes + written, count - written, off_t(offset) + off_t(written))
-            if n < 0 {
-                if errno == EINTR { continue }
-                let code = errno
-                if written > 0 { break }
-                throw UbiquityError(code == ENOSPC || code == EDQUOT || code == EFBIG ? code : EIO,
-                                    "write to cache file: \(String(cString: strerror(code)))")
+        do {
+            if mark { try commit(notify: false) }
+            while written < count {
+                let n = pwrite(file.fd, bytes + written, count - written, off_t(offset) + off_t(written))
+                if n < 0 {
+                    if errno == EINTR { continue }
+                    let code = errno
+                    if written > 0 { break }
+                    throw UbiquityError(code == ENOSPC || code == EDQUOT || code == EFBIG ? code : EIO,
+                                        "write to cache file: \(String(cString: strerror(code)))")
+                }
+                written += n
             }
-            written += n
+        } catch {
+            replica.withNamespace { ns in ns.endWrite(file.ino) }
+            throw error
         }
         let end = UInt64(offset) + UInt64(written)
         let now = Timespec.now()
         let monotonic = Self.monotonicNow()
         replica.withNamespace { ns in
+            ns.endWrite(file.ino)
             guard let node = ns.node(file.ino) else { return }
             ns.contentChanged(file.ino, size: max(node.size, end), time: now, monotonic: monotonic)
         }
         return written
     }
 
-    /// `close(2)` of one file descriptor: what was written is committed.
+    /// `close(2)` of one file descriptor: what was written is committed and
+    /// acknowledged.
     public func flush(handle: UInt64) throws {
         let file = try openFileFor(handle)
-        if file.writable { try commitContent() }
+        guard file.writable else { return }
+        replica.withNamespace { ns in ns.acknowledgeWrites(file.ino) }
+        try commit()
     }
 
+    /// `fsync(2)`: the cache file is synced, then what was written is
+    /// committed and (through a writer's descriptor) acknowledged.
     public func fsync(handle: UInt64, dataOnly: Bool) throws {
         let file = try openFileFor(handle)
         try syscallRetrying("fsync cache file") { dataOnly ? fdatasync(file.fd) : Glibc.fsync(file.fd) }
-        try commitContent()
+        if file.writable { replica.withNamespace { ns in ns.acknowledgeWrites(file.ino) } }
+        try commit()
     }
 
     public func release(handle: UInt64) throws {
@@ -215,17 +306,12 @@ extension FileSystem {
             if let node = ns.node(file.ino), node.contentEpoch != file.epoch {
                 ns.updateRuntime(file.ino) { $0.kernelEpoch = $0.contentEpoch &- 1 }
             }
-            ns.updateRuntime(file.ino) {
-                $0.openCount -= 1
-                if file.writable {
-                    $0.openWriters -= 1
-                    $0.lastContentChange = Self.monotonicNow()
-                }
-            }
+            ns.updateRuntime(file.ino) { $0.openCount -= 1 }
+            if file.writable { writerLeft(file.ino, in: &ns) }
             return ns.dropIfUnreferenced(file.ino)
         }
         if dropped { Glibc.unlink(replica.cachePath(file.ino)) }
-        if file.writable { try commitContent() }
+        if file.writable { try commit() }
     }
 
     public func fallocate(handle: UInt64, mode: Int32, offset: Int64, length: Int64) throws {
@@ -233,11 +319,19 @@ extension FileSystem {
         let file = try openFileFor(handle)
         guard file.writable else { throw UbiquityError(EBADF) }
         try replica.requireRoomForContent()
-        let rc = posix_fallocate(file.fd, off_t(offset), off_t(length))
-        guard rc == 0 else { throw UbiquityError(rc) }
+        let mark = replica.withNamespace { ns in ns.beginWrite(file.ino) }
+        do {
+            if mark { try commit(notify: false) }
+            let rc = posix_fallocate(file.fd, off_t(offset), off_t(length))
+            guard rc == 0 else { throw UbiquityError(rc) }
+        } catch {
+            replica.withNamespace { ns in ns.endWrite(file.ino) }
+            throw error
+        }
         let end = UInt64(offset + length)
         let now = Timespec.now()
         replica.withNamespace { ns in
+            ns.endWrite(file.ino)
             guard let node = ns.node(file.ino), end > node.size else { return }
             ns.contentChanged(file.ino, size: end, time: now, monotonic: Self.monotonicNow())
         }

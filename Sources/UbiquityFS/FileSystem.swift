@@ -28,6 +28,10 @@ import Glibc
 /// in the store. Content I/O on the cache file happens after the commit
 /// that announces it, so a crash never leaves modified content that the
 /// index believes clean.
+///
+/// Writes to a file the store has are marked unacknowledged in the index
+/// until then (see `Namespace.beginWrite`): a crash in between makes them a
+/// recovered copy beside the good version instead of a new version.
 public final class FileSystem: Sendable {
     public let replica: Replica
     let hooks: any SyncHooks
@@ -97,13 +101,15 @@ public final class FileSystem: Sendable {
         return value
     }
 
-    /// Commit what writes recorded (size, times) and tell the sync engine.
-    /// The bytes are in the cache file already: recording them may use the
-    /// space reserve, and if even that fails they stay queued for the next
-    /// commit (and a restart reads the size from the cache file).
-    func commitContent() throws {
-        try replica.persist(.mayUseReserve)
-        hooks.localChangeRecorded()
+    /// Commit what the namespace recorded outside transactions (write marks,
+    /// sizes and times from writes) and, with `notify`, tell the sync engine.
+    /// Recording bytes already in the cache file may use the space reserve;
+    /// if even that fails the records stay queued for the next commit (and a
+    /// restart reads the size from the cache file). A mark announcing content
+    /// about to be written `.grows` the replica.
+    func commit(_ use: DiskUse = .mayUseReserve, notify: Bool = true) throws {
+        try replica.persist(use)
+        if notify { hooks.localChangeRecorded() }
     }
 
     static func checkName(_ name: FileName) throws {
@@ -201,90 +207,113 @@ public final class FileSystem: Sendable {
     /// other attributes (and the "changed" mark) first; the cache file is
     /// resized after, so a failed commit leaves the content untouched.
     func setAttributes(ino: UInt64, changes: AttributeChanges, handle: UInt64?) throws -> LocalNode {
-        var emptiedPlaceholder = false
-        var use = DiskUse.mayUseReserve
-        if let size = changes.size {
+        if let size = changes.size { try truncate(ino: ino, size: size, handle: handle) }
+        let now = Timespec.now()
+        return try change(.mayUseReserve) { ns -> LocalNode in
+            guard ns.node(ino) != nil else { throw UbiquityError(ENOENT) }
+            ns.update(ino) { n in
+                if let mode = changes.mode { n.mode = mode & 0o7777 }
+                if let uid = changes.uid { n.uid = uid }
+                if let gid = changes.gid { n.gid = gid }
+                switch changes.atime {
+                case .now?: n.atime = now
+                case .at(let t)?: n.atime = t
+                case nil: break
+                }
+                switch changes.mtime {
+                case .now?: n.mtime = now
+                case .at(let t)?: n.mtime = t
+                case nil: break
+                }
+                n.ctime = changes.ctime ?? now
+            }
+            return ns.node(ino)!
+        }
+    }
+
+    /// Set the size of file `ino`.
+    ///
+    /// Through an open writer's descriptor (`ftruncate`) it counts as a
+    /// write of that session. By path, it counts as a writer while it runs
+    /// — registered in the same critical section that finds the content
+    /// local, so an eviction either sees it or happened before — and its
+    /// "changing" mark is committed before the cache file is touched.
+    ///
+    /// Growing a file is content about to be written: refused with `ENOSPC`
+    /// while the space reserve is not whole (see `SpaceReserve`).
+    func truncate(ino: UInt64, size: UInt64, handle: UInt64?) throws {
+        let current = try replica.withNamespace { ns -> LocalNode in
+            guard let node = ns.node(ino) else { throw UbiquityError(ENOENT) }
+            return node
+        }
+        guard current.kind == .file else { throw UbiquityError(current.kind == .directory ? EISDIR : EINVAL) }
+        guard size <= UInt64(Int64.max) else { throw UbiquityError(EFBIG) }
+        let use: DiskUse = size > current.size ? .grows : .mayUseReserve
+        if use == .grows { try replica.requireRoomForContent() }
+        if let handle, let fd = handles.withLock({ $0.files[handle]?.fd }) {
+            let mark = replica.withNamespace { ns in ns.beginWrite(ino) }
+            do {
+                if mark { try commit(use, notify: false) }
+                try syscallRetrying("truncate") { ftruncate(fd, off_t(size)) }
+            } catch {
+                replica.withNamespace { ns in ns.endWrite(ino) }
+                throw error
+            }
+            let now = Timespec.now()
+            replica.withNamespace { ns in
+                ns.endWrite(ino)
+                ns.beginContentChange(ino, monotonic: Self.monotonicNow())
+                ns.contentChanged(ino, size: size, time: now, monotonic: Self.monotonicNow())
+            }
+            return
+        }
+        try whileOpening(ino) { try truncateByPath(ino: ino, size: size, use: use) }
+    }
+
+    func truncateByPath(ino: UInt64, size: UInt64, use: DiskUse) throws {
+        for _ in 0..<Self.contentAttempts {
             let node = try replica.withNamespace { ns -> LocalNode in
                 guard let node = ns.node(ino) else { throw UbiquityError(ENOENT) }
                 return node
             }
             guard node.kind == .file else { throw UbiquityError(node.kind == .directory ? EISDIR : EINVAL) }
-            guard size <= UInt64(Int64.max) else { throw UbiquityError(EFBIG) }
             if node.isPlaceholder {
                 if size == 0 {
                     // Nothing of the old content survives: no need to fetch it.
                     close(try replica.createCacheFile(ino))
-                    emptiedPlaceholder = true
+                    replica.withNamespace { ns in
+                        // (A download that finished meanwhile is truncated below all the same.)
+                        guard ns.node(ino)?.isPlaceholder == true else { return }
+                        ns.update(ino, local: false) { $0.hasContent = true }
+                        ns.updateRuntime(ino) { $0.contentEpoch &+= 1 }
+                    }
                 } else {
                     try hooks.download(ino: ino)
                 }
+                continue
             }
-            if size > node.size { use = .grows }
-        }
-        let now = Timespec.now()
-        let node: LocalNode
-        do {
-            node = try change(use) { ns -> LocalNode in
-                guard ns.node(ino) != nil else { throw UbiquityError(ENOENT) }
-                if let size = changes.size {
-                    if emptiedPlaceholder { ns.update(ino, local: false) { $0.hasContent = true } }
-                    ns.beginContentChange(ino, monotonic: Self.monotonicNow())
-                    ns.contentChanged(ino, size: size, time: now, monotonic: Self.monotonicNow())
-                }
-                ns.update(ino) { n in
-                    if let mode = changes.mode { n.mode = mode & 0o7777 }
-                    if let uid = changes.uid { n.uid = uid }
-                    if let gid = changes.gid { n.gid = gid }
-                    switch changes.atime {
-                    case .now?: n.atime = now
-                    case .at(let t)?: n.atime = t
-                    case nil: break
-                    }
-                    switch changes.mtime {
-                    case .now?: n.mtime = now
-                    case .at(let t)?: n.mtime = t
-                    case nil: break
-                    }
-                    n.ctime = changes.ctime ?? now
-                }
-                return ns.node(ino)!
+            let registered = replica.withNamespace { ns -> Bool in
+                guard ns.node(ino)?.hasContent == true else { return false }
+                ns.updateRuntime(ino) { $0.openWriters += 1 }
+                ns.beginContentChange(ino, monotonic: Self.monotonicNow())
+                return true
             }
-        } catch {
-            if emptiedPlaceholder { Glibc.unlink(replica.cachePath(ino)) }
-            throw error
-        }
-        if let size = changes.size {
-            let fd = handle.flatMap { handle in handles.withLock { $0.files[handle]?.fd } }
-            try resizeCacheFile(ino: ino, fd: fd, size: size)
-        }
-        return node
-    }
-
-    /// Resize the cache file of `ino` (through `fd` when the caller has it
-    /// open) to the size just committed, then move the content generation
-    /// again: a snapshot the pusher took across the resize is torn and
-    /// dropped. If the file cannot be resized, the node takes the file's
-    /// real size back (in memory; the next commit records it).
-    func resizeCacheFile(ino: UInt64, fd: Int32?, size: UInt64) throws {
-        let path = replica.cachePath(ino)
-        do {
-            if let fd {
-                try syscallRetrying("truncate") { ftruncate(fd, off_t(size)) }
-            } else {
-                try syscallRetrying("truncate") { Glibc.truncate(path, off_t(size)) }
+            guard registered else { continue }
+            do {
+                try commit(use, notify: false)
+                try syscallRetrying("truncate") { Glibc.truncate(replica.cachePath(ino), off_t(size)) }
+            } catch {
+                replica.withNamespace { ns in writerLeft(ino, in: &ns) }
+                throw error
             }
-        } catch {
-            var st = stat()
-            if stat(path, &st) == 0 {
-                replica.withNamespace { ns in
-                    ns.contentChanged(ino, size: UInt64(st.st_size), time: nil, monotonic: Self.monotonicNow())
-                }
+            let now = Timespec.now()
+            replica.withNamespace { ns in
+                ns.contentChanged(ino, size: size, time: now, monotonic: Self.monotonicNow())
+                writerLeft(ino, in: &ns)
             }
-            throw error
+            return
         }
-        replica.withNamespace { ns in
-            ns.contentChanged(ino, size: size, time: nil, monotonic: Self.monotonicNow())
-        }
+        throw UbiquityError(EIO, "the content of inode \(ino) keeps changing; try again")
     }
 
     public func readlink(ino: UInt64) throws -> String {
@@ -372,7 +401,10 @@ public final class FileSystem: Sendable {
     public func create(parent: UInt64, name: FileName, mode: UInt32, flags: Int32, caller: Caller) throws -> (EntryReply, OpenReply) {
         let made = try makeNode(parent: parent, name: name, kind: .file, mode: mode, caller: caller, staged: true)
         let writable = flags & O_ACCMODE != O_RDONLY
-        let opened = register(ino: made.node.ino, fd: made.fd!, writable: writable)
+        guard let opened = register(ino: made.node.ino, fd: made.fd!, writable: writable) else {
+            close(made.fd!)
+            throw UbiquityError(ENOENT)
+        }
         return (entryReply(made.node), opened)
     }
 

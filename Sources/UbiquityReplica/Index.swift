@@ -66,6 +66,11 @@ final class Index: Sendable {
         m.registerMigration("v2") { db in
             try db.execute(sql: "ALTER TABLE pending_entry ADD COLUMN base INTEGER NOT NULL DEFAULT 0")
         }
+        // The hash the local copy was verified against; writes not acknowledged yet.
+        m.registerMigration("v3") { db in
+            try db.execute(sql: "ALTER TABLE node ADD COLUMN verified_hash TEXT")
+            try db.execute(sql: "ALTER TABLE node ADD COLUMN unacknowledged INTEGER NOT NULL DEFAULT 0")
+        }
         return m
     }
 
@@ -98,7 +103,7 @@ final class Index: Sendable {
     func writeTransaction(_ ops: [IndexOp]) throws {
         try db.write { db in
             let upsert = try db.cachedStatement(sql: """
-                INSERT OR REPLACE INTO node VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)
+                INSERT OR REPLACE INTO node VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)
                 """)
             for op in ops {
                 switch op {
@@ -112,6 +117,7 @@ final class Index: Sendable {
                         Int64(bitPattern: n.version), Int64(bitPattern: n.change), Int64(bitPattern: n.pushed), n.unlinked,
                         Int64(bitPattern: n.lastParent), Data(n.lastName.bytes),
                         n.conflicts.isEmpty ? nil : n.conflicts.joined(separator: "\n"), n.pinned, n.author,
+                        n.verifiedHash, n.unacknowledgedWrites,
                     ]
                     try upsert.execute(arguments: StatementArguments(args))
                 case .removeNode(let ino):
@@ -167,6 +173,9 @@ final class Index: Sendable {
                 n.unlinked = row["unlinked"]
                 n.pinned = row["pinned"]
                 n.author = row["author"]
+                // (A read-only open of an index not migrated yet has neither column.)
+                n.verifiedHash = row["verified_hash"]
+                n.unacknowledgedWrites = row["unacknowledged"] as Bool? ?? false
                 n.lastParent = UInt64(bitPattern: row["last_parent"])
                 n.lastName = FileName(bytes: Array(row["last_name"] as Data))
                 if let conflicts = row["conflicts"] as String? { n.conflicts = conflicts.split(separator: "\n").map(String.init) }

@@ -53,11 +53,32 @@ public struct LocalNode: Sendable {
     public var pinned = false
     /// The device that made the current content (for `versions`).
     public var author = ""
+    /// The content hash this device has verified its local copy against:
+    /// the push hashed exactly these bytes and found (or put) the blobs in
+    /// the store with the right sizes, or a download checked every blob.
+    /// Eviction trusts the local copy to be `hash` only when the two agree
+    /// (see `SyncEngine.evict`).
+    public var verifiedHash: String?
+    /// The cache file may hold writes no `close` or `fsync` acknowledged yet
+    /// (persisted before the first of them reaches the file; cleared when
+    /// they are acknowledged). Found set at startup, the daemon died in the
+    /// middle of a rewrite: the content becomes a recovered copy instead of
+    /// replacing the last good version (see `SyncEngine.recoverInterruptedWrites`).
+    /// Only set on nodes the store has (`version > 0`): a new file has no
+    /// good version to protect.
+    public var unacknowledgedWrites = false
 
     // Runtime only (never persisted).
     public var lookups: UInt64 = 0
     public var openCount: Int32 = 0
     public var openWriters: Int32 = 0
+    /// Opens (and truncations) under way: from looking at the node until the
+    /// open is counted (a placeholder's download included). Eviction keeps
+    /// off meanwhile, so an open never loses its content over and over.
+    public var opening: Int32 = 0
+    /// Writes between their check of `unacknowledgedWrites` and their update
+    /// of the node: a `close` or `fsync` meanwhile does not acknowledge them.
+    public var writesInFlight: Int32 = 0
     /// Monotonic nanoseconds of the last local content change (write-back delay).
     public var lastContentChange: UInt64 = 0
     /// Monotonic nanoseconds of the last open (least recently used eviction).

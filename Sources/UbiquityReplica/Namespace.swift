@@ -165,15 +165,47 @@ public struct Namespace: Sendable {
         touched(ino)
     }
 
-    /// Mark the content as changing (an open for writing): persisted before
-    /// the open is acknowledged, so a crash never leaves modified content
-    /// that the index believes clean.
+    /// Mark the content as changing (an open for writing, a truncation):
+    /// persisted before the content file is touched, so a crash never leaves
+    /// modified content that the index believes clean. A node the store has
+    /// is also marked as holding unacknowledged writes (see `beginWrite`).
     public mutating func beginContentChange(_ ino: UInt64, monotonic: UInt64) {
         guard nodes[ino] != nil else { return }
         saveNode(ino)
         nodes[ino]!.contentGeneration += 1
         nodes[ino]!.lastContentChange = monotonic
         nodes[ino]!.change = nextChange()
+        if nodes[ino]!.version > 0 { nodes[ino]!.unacknowledgedWrites = true }
+        touched(ino)
+    }
+
+    /// A write to `ino` is about to reach its cache file. Returns true when
+    /// this write is the first since the writes were acknowledged (a
+    /// `close`, an `fsync`): the caller must commit the mark before writing,
+    /// so that a crash never passes unacknowledged content off as
+    /// acknowledged. Once per open-for-write session in the usual case (the
+    /// open sets the mark already), not once per write. Pair with `endWrite`.
+    public mutating func beginWrite(_ ino: UInt64) -> Bool {
+        guard let node = nodes[ino] else { return false }
+        nodes[ino]!.writesInFlight += 1
+        guard node.version > 0, !node.unacknowledgedWrites else { return false }
+        nodes[ino]!.unacknowledgedWrites = true
+        touched(ino)
+        return true
+    }
+
+    /// The write begun with `beginWrite` is done (or failed).
+    public mutating func endWrite(_ ino: UInt64) {
+        guard nodes[ino] != nil else { return }
+        nodes[ino]!.writesInFlight -= 1
+    }
+
+    /// Everything written to `ino` so far is acknowledged (a `close` or an
+    /// `fsync` is about to commit it; the last writer went away): clear the
+    /// mark — unless a write is still on its way, which nothing acknowledged.
+    public mutating func acknowledgeWrites(_ ino: UInt64) {
+        guard let node = nodes[ino], node.unacknowledgedWrites, node.writesInFlight == 0 else { return }
+        nodes[ino]!.unacknowledgedWrites = false
         touched(ino)
     }
 
@@ -317,6 +349,7 @@ public struct Namespace: Sendable {
             n.hashSize = 0
             n.chunked = false
             n.pushedGeneration = 0
+            n.verifiedHash = nil
             if n.contentGeneration == 0 { n.contentGeneration = 1 }
         }
     }

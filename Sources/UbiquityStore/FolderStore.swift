@@ -198,16 +198,27 @@ public final class FolderStore: Store {
         return records
     }
 
-    public func hasBlob(_ hash: String) throws -> Bool {
+    public func blobSize(_ hash: String) throws -> UInt64? {
         try checkReachable()
-        return access(blobURL(hash).path, F_OK) == 0
+        var st = stat()
+        guard stat(blobURL(hash).path, &st) == 0 else {
+            let code = errno
+            if code == ENOENT || code == ENOTDIR { return nil }
+            throw UbiquityError(EIO, "stat blob \(hash): \(String(cString: strerror(code)))")
+        }
+        return UInt64(st.st_size)
     }
 
     public func putBlob(_ hash: String, data: Data) throws {
         precondition(ContentCopy.isValidHash(hash))
         try checkReachable()
         let destination = blobURL(hash)
-        if access(destination.path, F_OK) == 0 { return }
+        if let size = try blobSize(hash) {
+            if size == UInt64(data.count) { return }
+            // Cut short or damaged: replace it (rename over it; readers keep what they opened).
+            try Self.publish(data, at: destination, tmpDir: root.appendingPathComponent("tmp"), exclusive: false, sync: false)
+            return
+        }
         do {
             try Self.publish(data, at: destination, tmpDir: root.appendingPathComponent("tmp"), exclusive: true, sync: false)
         } catch let error as UbiquityError where error.errno == EEXIST {

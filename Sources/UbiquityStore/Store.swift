@@ -27,9 +27,15 @@ public protocol Store: Sendable {
     /// Journal records after `seq`, in order, at most `limit`.
     func journal(container: String, after seq: UInt64, limit: Int) throws -> [(seq: UInt64, changeSet: ChangeSet)]
 
-    func hasBlob(_ hash: String) throws -> Bool
+    /// The size in bytes of blob `hash` as stored, or nil if the store does
+    /// not have it. Cheap (a `stat`, a HEAD request): it does not read or
+    /// verify the content. Eviction asks it before dropping the last local
+    /// copy (see `SyncEngine.evict`).
+    func blobSize(_ hash: String) throws -> UInt64?
     /// Store `data` as blob `hash` (the caller hashed exactly these bytes).
     /// Blobs are at most one chunk (`ContentLayout.chunkSize`) or a manifest.
+    /// A blob already there with another size (cut short, damaged) is
+    /// replaced; one of the right size is kept as it is.
     func putBlob(_ hash: String, data: Data) throws
     /// Make every blob stored so far durable before a journal record names
     /// it (called once per commit, not once per blob).
@@ -45,6 +51,11 @@ public protocol Store: Sendable {
 
 extension Store {
     public func watchJournal(container: String) -> (any JournalWatcher)? { nil }
+
+    /// Whether the store holds blob `hash` with exactly `size` bytes.
+    public func holdsBlob(_ hash: String, size: Int) throws -> Bool {
+        try blobSize(hash) == UInt64(size)
+    }
 }
 
 /// The containers of a store: those whose configuration reads, and those

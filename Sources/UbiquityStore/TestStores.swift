@@ -64,11 +64,13 @@ public final class InMemoryStore: Store {
         return try records.map { ($0.0, try JSONDecoder().decode(ChangeSet.self, from: $0.1)) }
     }
 
-    public func hasBlob(_ hash: String) throws -> Bool { state.withLock { $0.blobs[hash] != nil } }
+    public func blobSize(_ hash: String) throws -> UInt64? { state.withLock { $0.blobs[hash].map { UInt64($0.count) } } }
 
     public func putBlob(_ hash: String, data: Data) throws {
         guard ContentCopy.hash(of: data) == hash else { throw UbiquityError(EIO, "content does not match its hash") }
-        state.withLock { $0.blobs[hash] = data }
+        state.withLock { s in
+            if s.blobs[hash]?.count != data.count { s.blobs[hash] = data }
+        }
     }
 
     public func flushBlobs() throws {}
@@ -84,13 +86,21 @@ public final class InMemoryStore: Store {
         state.withLock { $0.blobs[hash] = data }
     }
 
+    /// Test helper: forget a blob (a store restored from an older backup).
+    public func loseBlob(_ hash: String) {
+        _ = state.withLock { $0.blobs.removeValue(forKey: hash) }
+    }
+
+    /// Test helper: the hashes of every blob held.
+    public var blobHashes: Set<String> { state.withLock { Set($0.blobs.keys) } }
+
     public var journalLength: Int { state.withLock { $0.journals.values.reduce(0) { $0 + $1.count } } }
 }
 
 /// Wraps a store and fails chosen operations, for fault-injection tests.
 public final class FaultyStore: Store, CustomStringConvertible {
     public var description: String { (base as? FolderStore)?.root.path ?? base.storeID }
-    public enum Operation: Sendable, Hashable { case commit, journal, putBlob, fetchBlob }
+    public enum Operation: Sendable, Hashable { case commit, journal, blobSize, putBlob, fetchBlob }
 
     let base: any Store
     let failing = Mutex<Set<Operation>>([])
@@ -119,7 +129,10 @@ public final class FaultyStore: Store, CustomStringConvertible {
         try check(.journal)
         return try base.journal(container: container, after: seq, limit: limit)
     }
-    public func hasBlob(_ hash: String) throws -> Bool { try base.hasBlob(hash) }
+    public func blobSize(_ hash: String) throws -> UInt64? {
+        try check(.blobSize)
+        return try base.blobSize(hash)
+    }
     public func putBlob(_ hash: String, data: Data) throws {
         try check(.putBlob)
         if let limit = blobLimit.withLock({ $0 }), data.count > limit {

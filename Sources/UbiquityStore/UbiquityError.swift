@@ -29,6 +29,11 @@ public struct UbiquityError: Error, CustomStringConvertible, Sendable {
         return UbiquityError(EIO, text)
     }
 
+    /// The errno's symbolic name (`EAGAIN`), for messages that name it.
+    public var errnoName: String {
+        ubq_errno_name(errno).map { String(cString: $0) } ?? "errno \(errno)"
+    }
+
     /// The same message with another errno (to keep the cause's errno, e.g. EHOSTDOWN).
     public func withErrno(_ code: Int32) -> UbiquityError { UbiquityError(code, message) }
 

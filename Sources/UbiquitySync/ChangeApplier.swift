@@ -177,6 +177,13 @@ struct ChangeApplier {
 
     /// `NAME (conflicted copy DEVICE YYYY-MM-DD HHMMSS).EXT`, unique in `parent`.
     func conflictName(_ name: FileName, in parent: UInt64, ns: Namespace) -> FileName {
+        Self.copyName(name, label: "conflicted copy", deviceName: deviceName, date: now, in: parent, ns: ns)
+    }
+
+    /// `NAME (LABEL DEVICE YYYY-MM-DD HHMMSS).EXT` (a number added if taken),
+    /// unique in `parent`; `LABEL UUID8.EXT` if that would be too long.
+    static func copyName(_ name: FileName, label: String, deviceName: String, date: Date,
+                         in parent: UInt64, ns: Namespace) -> FileName {
         let text = name.description
         let dot = text.lastIndex(of: ".").flatMap { $0 == text.startIndex ? nil : $0 }
         let stem = dot.map { String(text[..<$0]) } ?? text
@@ -184,14 +191,14 @@ struct ChangeApplier {
         let formatter = DateFormatter()
         formatter.locale = Locale(identifier: "en_US_POSIX")
         formatter.dateFormat = "yyyy-MM-dd HHmmss"
-        let stamp = formatter.string(from: now)
+        let stamp = formatter.string(from: date)
         var counter = 1
         while true {
             let suffix = counter == 1 ? "" : " \(counter)"
-            let candidate = FileName("\(stem) (conflicted copy \(deviceName) \(stamp)\(suffix))\(ext)")
+            let candidate = FileName("\(stem) (\(label) \(deviceName) \(stamp)\(suffix))\(ext)")
             if ns.lookup(parent, candidate) == nil && candidate.count <= 255 { return candidate }
             if candidate.count > 255 {
-                return FileName("conflicted copy \(UUID().uuidString.prefix(8))\(ext)")
+                return FileName("\(label) \(UUID().uuidString.prefix(8))\(ext)")
             }
             counter += 1
         }

@@ -112,18 +112,23 @@ extension SyncEngine {
         }
     }
 
-    /// Download all of `ino` and wait for it (before writing to a placeholder).
+    /// Download all of `ino` and wait until the download is over (before
+    /// writing to a placeholder). The content may be a placeholder again by
+    /// then (a newer version arrived): the caller looks again.
     public func download(ino: UInt64) throws {
         guard let node = replica.withNamespace({ ns in ns.node(ino) }), node.isPlaceholder else { return }
         startDownload(ino: ino)
         try waitForContent(ino: ino, version: node.hash, upTo: node.hashSize)
-        // The job may be done while the rename is in flight: wait for the content to be installed.
+        // Every byte is verified; the job is done once the file is installed (or dropped, for a newer version).
+        let key = DownloadBoard.JobKey(ino: ino, hash: node.hash)
         for _ in 0..<1000 {
             if replica.withNamespace({ ns in ns.node(ino).map { !$0.isPlaceholder } ?? true }) { return }
-            if let error = downloads.withJobs({ $0[DownloadBoard.JobKey(ino: ino, hash: node.hash)]?.error }) { throw error }
+            let job = downloads.withJobs { $0[key] }
+            if let error = job?.error { throw error }
+            if job?.done ?? true { return }
             Thread.sleep(forTimeInterval: 0.01)
         }
-        throw UbiquityError(EIO, "the content of inode \(ino) changed while downloading")
+        throw UbiquityError(EIO, "the download of inode \(ino) does not finish")
     }
 
     /// Downloads under way: (items, bytes still to fetch).
@@ -216,7 +221,8 @@ extension SyncEngine {
                 // The rename happens under the lock (one metadata syscall), so an
                 // eviction or another download never interleaves with it.
                 try replica.installCacheFile(from: partial, ino)
-                ns.update(ino, local: false) { $0.hasContent = true; $0.size = $0.hashSize }
+                // Every blob was checked against its hash: the copy is verified.
+                ns.update(ino, local: false) { $0.hasContent = true; $0.size = $0.hashSize; $0.verifiedHash = hash }
                 // Just downloaded counts as just used: the cache limit evicts others first.
                 ns.updateRuntime(ino) { $0.lastAccess = Self.monotonicNow(); $0.contentEpoch &+= 1 }
                 return true

@@ -7,24 +7,49 @@ import Glibc
 
 /// What this device keeps: downloading, evicting, pinning, and the cache limit.
 ///
-/// Eviction turns a downloaded file back into a placeholder. It is refused
-/// for a file open for writing (`EBUSY`) or with changes not yet in the store
-/// (`EAGAIN`). Under a cache limit, the least recently opened files that are
-/// clean, closed and not pinned are evicted first. Pinned items (and
-/// everything that arrives later in a pinned directory) are downloaded and
-/// never evicted by the limit.
+/// Eviction turns a downloaded file back into a placeholder. It drops only
+/// content the store is verified to hold: the local copy is known to be the
+/// version the store has (`LocalNode.verifiedHash`; a copy never verified is
+/// read and checked first), and the store holds every blob of it with the
+/// right size (asked at the time of eviction). If the store lacks part of it,
+/// eviction is refused (`EAGAIN`) and the device uploads what is missing from
+/// its copy (see `StoreCopies.swift`). It is also refused for a file open for
+/// writing (`EBUSY`) or with changes not yet in the store (`EAGAIN`). Under a
+/// cache limit, the least recently opened files that are clean, closed and
+/// not pinned are evicted first. Pinned items (and everything that arrives
+/// later in a pinned directory) are downloaded and never evicted by the limit.
+///
+/// An eviction and an open never interleave badly: an open is counted as
+/// under way (`LocalNode.opening`: eviction refuses with `EBUSY`) from
+/// looking at the node until it counts its writer, which it does in the same
+/// critical section that checks the content's epoch (see
+/// `FileSystem.openLocal`); the eviction unlinks the cache file under the
+/// namespace lock after checking those counts and that the content did not
+/// change since the store was asked.
 extension SyncEngine {
     /// Make file `ino` a placeholder again. Returns false if it already was one.
     /// The content is removed only once the index has recorded the eviction.
     @discardableResult
     public func evict(ino: UInt64) throws -> Bool {
-        let evicted = try replica.transaction(.mayUseReserve, { ns -> Bool in
+        let candidate = try replica.withNamespace { ns -> LocalNode? in
             guard let node = ns.node(ino) else { throw UbiquityError(ENOENT) }
             guard node.kind == .file else { throw UbiquityError(EISDIR, "only files can be evicted") }
-            guard node.hasContent else { return false }
-            guard node.openWriters == 0 else { throw UbiquityError(EBUSY, "it is open for writing") }
-            guard !node.hasUnpushedContent, node.hash != nil || node.hashSize == 0 else {
-                throw UbiquityError(EAGAIN, "it has changes not yet pushed to the store")
+            guard node.hasContent else { return nil }
+            try Self.checkEvictable(node)
+            return node
+        }
+        guard let candidate else { return false }
+        // The last local copy goes only if the store holds this version (no lock held: store calls).
+        if case .repaired(let problems) = try checkStoreCopy(of: candidate, verifyLocal: candidate.verifiedHash != candidate.hash) {
+            throw UbiquityError(EAGAIN, "the store did not hold this version (\(problems.joined(separator: "; "))); "
+                                + "it was uploaded again from this device's copy — evict again to drop the local copy")
+        }
+        let evicted = try replica.transaction(.mayUseReserve, { ns -> Bool in
+            guard let node = ns.node(ino), node.hasContent else { return false }
+            try Self.checkEvictable(node)
+            guard node.contentGeneration == candidate.contentGeneration, node.contentEpoch == candidate.contentEpoch,
+                  node.hash == candidate.hash else {
+                throw UbiquityError(EAGAIN, "it changed while its copy in the store was checked")
             }
             ns.update(ino, local: false) { $0.hasContent = false; $0.contentEpoch &+= 1 }
             return true
@@ -39,6 +64,15 @@ extension SyncEngine {
             observer.withLock { $0 }?.replicaChanged(changes)
         }
         return evicted
+    }
+
+    /// Refuse to evict a file being written or not yet pushed.
+    static func checkEvictable(_ node: LocalNode) throws {
+        guard node.openWriters == 0 else { throw UbiquityError(EBUSY, "it is open for writing") }
+        guard node.opening == 0 else { throw UbiquityError(EBUSY, "it is being opened") }
+        guard !node.hasUnpushedContent, !node.unacknowledgedWrites, node.hash != nil || node.hashSize == 0 else {
+            throw UbiquityError(EAGAIN, "it has changes not yet pushed to the store")
+        }
     }
 
     /// Pin or unpin `ino`; pinning downloads it (a directory: everything in it).
@@ -71,7 +105,7 @@ extension SyncEngine {
             var candidates: [(UInt64, UInt64, UInt64)] = []
             for node in ns.nodes.values where node.kind == .file && node.hasContent {
                 usage += node.size
-                if node.openCount == 0, !node.hasUnpushedContent, node.hash != nil, !ns.isPinned(node.ino) {
+                if node.openCount == 0, node.opening == 0, !node.hasUnpushedContent, node.hash != nil, !ns.isPinned(node.ino) {
                     candidates.append((node.ino, node.lastAccess, node.size))
                 }
             }
@@ -79,10 +113,23 @@ extension SyncEngine {
         }
         guard usage > limit else { return }
         var excess = usage - limit
-        for (ino, _, size) in candidates.sorted(by: { $0.1 < $1.1 }) where excess > 0 {
-            if (try? evict(ino: ino)) == true {
-                excess -= min(excess, size)
+        let now = Self.monotonicNow()
+        let waiting = limitRefusals.withLock { refusals in
+            refusals = refusals.filter { $0.value > now }
+            return Set(refusals.keys)
+        }
+        for (ino, _, size) in candidates.sorted(by: { $0.1 < $1.1 }) where excess > 0 && !waiting.contains(ino) {
+            do {
+                if try evict(ino: ino) { excess -= min(excess, size) }
+            } catch {
+                // (The store lacked it and got it back, the copy did not check out,
+                // the store cannot be reached…): other files go first for a while.
+                limitRefusals.withLock { $0[ino] = now + UInt64(Self.limitRetryDelay * 1e9) }
+                logger.info("cache limit: not evicting inode \(ino) for now: \(UbiquityError.wrap(error))")
             }
         }
     }
+
+    /// Seconds before the cache limit tries again a file it could not evict.
+    static let limitRetryDelay = 60.0
 }

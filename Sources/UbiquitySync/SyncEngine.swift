@@ -25,9 +25,13 @@ import Glibc
 /// **Pull.** Records after the replica's `appliedSeq` are applied in order;
 /// the device's own records are skipped (already applied locally).
 ///
+/// **Held content.** When started, a thread checks once that the store
+/// holds every file this device holds, and puts back what it lost
+/// (`checkHeldContent`).
+///
 /// Threads: the push thread and the caller of `drain` share `pushLock`, so
 /// one push runs at a time. Lock order: `pushLock` → replica locks;
-/// `status` is a leaf.
+/// `status`, `uploadFailures` and `limitRefusals` are leaves.
 public final class SyncEngine: Sendable {
     public let replica: Replica
     public let store: any Store
@@ -51,6 +55,10 @@ public final class SyncEngine: Sendable {
     /// Files whose content the store would not take (full, a failing write):
     /// each is retried with its own back-off while the others go ahead.
     let uploadFailures = Mutex<[UInt64: UploadFailure]>([:])
+    /// Files the cache limit could not evict, and when (monotonic ns) it may try again.
+    let limitRefusals = Mutex<[UInt64: UInt64]>([:])
+    let checkThreadDone = DispatchSemaphore(value: 0)
+    let checking = Mutex(false)
 
     public init(replica: Replica, store: any Store, container: String, device: DeviceIdentity,
                 logger: Logger, writeBackDelay: Double = 0.2, cacheLimit: UInt64? = nil) {
@@ -82,6 +90,13 @@ public final class SyncEngine: Sendable {
         let pull = Thread { [self] in pullLoop(pollInterval: pollInterval) }
         pull.name = "ubiquityfs-pull"
         pull.start()
+        checking.withLock { $0 = true }
+        let check = Thread { [self] in
+            checkHeldContent()
+            checkThreadDone.signal()
+        }
+        check.name = "ubiquityfs-check"
+        check.start()
     }
 
     /// Stop the push and pull threads (waits for the current round to finish).
@@ -91,6 +106,7 @@ public final class SyncEngine: Sendable {
         wake.signal()
         pushThreadDone.wait()
         if pulling.withLock({ $0 }) { pullThreadDone.wait() }
+        if checking.withLock({ $0 }) { checkThreadDone.wait() }
         observer.withLock { $0 = nil }
     }
 
@@ -269,12 +285,12 @@ public final class SyncEngine: Sendable {
             ns.unpushedNodes(limit: Self.maxBatchNodes).filter { n in
                 n.hasUnpushedContent && n.hasContent && !n.unlinked && n.openWriters == 0
                     && now &- n.lastContentChange >= delay && backingOff[n.ino] != n.contentGeneration
-            }.map { ($0.ino, $0.contentGeneration, $0.hash) }
+            }.map { ($0.ino, $0.contentGeneration) }
         }
         var snapshots: [UInt64: ContentSnapshot] = [:]
-        for (ino, generation, oldHash) in contentCandidates {
+        for (ino, generation) in contentCandidates {
             do {
-                if let snapshot = try uploadContent(ino: ino, generation: generation, previousHash: oldHash) {
+                if let snapshot = try uploadContent(ino: ino, generation: generation) {
                     snapshots[ino] = snapshot
                 }
                 uploadFailures.withLock { _ = $0.removeValue(forKey: ino) }
@@ -316,18 +332,17 @@ public final class SyncEngine: Sendable {
         }
     }
 
-    /// Snapshot the cache file of `ino` and upload what the store lacks.
+    /// Snapshot the cache file of `ino` and upload what the store lacks (a
+    /// blob it does not hold with the right size: missing, or cut short).
     /// Content up to one chunk is read into memory, hashed, and uploaded only
     /// if the generation did not move meanwhile. Larger content is read chunk
     /// by chunk, each chunk uploaded as it is hashed, then the manifest; a
     /// snapshot torn by a write leaves only unreferenced chunks behind. Nil
     /// when the content changed during the snapshot: the next round retries.
-    func uploadContent(ino: UInt64, generation: UInt64, previousHash: String?) throws -> ContentSnapshot? {
-        let source = open(replica.cachePath(ino), O_RDONLY | O_CLOEXEC)
-        guard source >= 0 else { return nil }
-        defer { close(source) }
-        var st = stat()
-        guard fstat(source, &st) == 0 else { return nil }
+    /// A snapshot kept records its hash as verified (`LocalNode.verifiedHash`).
+    func uploadContent(ino: UInt64, generation: UInt64) throws -> ContentSnapshot? {
+        guard let source = try? CacheFileReader(path: replica.cachePath(ino)) else { return nil }
+        defer { source.close() }
         let chunkSize = ContentLayout.chunkSize
         func stillUnchanged() -> Bool {
             replica.withNamespace { ns in
@@ -335,27 +350,13 @@ public final class SyncEngine: Sendable {
                 return node.contentGeneration == generation && node.openWriters == 0
             }
         }
-        /// Exactly `count` bytes at `offset`, or nil if the file shrank meanwhile
-        /// (growth and every other change are caught by the generation check).
-        func readChunk(at offset: Int, count: Int) throws -> Data? {
-            var data = Data(count: count)
-            var done = 0
-            try data.withUnsafeMutableBytes { raw in
-                while done < count {
-                    let n = try syscallRetrying("read cache file") {
-                        pread(source, raw.baseAddress! + done, count - done, off_t(offset + done))
-                    }
-                    if n == 0 { break }
-                    done += n
-                }
-            }
-            return done == count ? data : nil
-        }
-        let size = Int(st.st_size)
+        // A read comes back short (nil) if the file shrank meanwhile; growth and
+        // every other change are caught by the generation check.
+        let size = source.size
         if size <= chunkSize {
-            guard let data = try readChunk(at: 0, count: size), stillUnchanged() else { return nil }
+            guard let data = try source.read(at: 0, count: size), stillUnchanged() else { return nil }
             let hash = ContentCopy.hash(of: data)
-            let upload = try hash != previousHash && !store.hasBlob(hash)
+            let upload = try !store.holdsBlob(hash, size: data.count)
             if upload { try store.putBlob(hash, data: data) }
             return ContentSnapshot(ino: ino, generation: generation, hash: hash, size: UInt64(data.count),
                                    chunked: false, uploaded: upload)
@@ -365,9 +366,9 @@ public final class SyncEngine: Sendable {
         var uploaded = false
         while offset < size {
             let count = min(chunkSize, size - offset)
-            guard let data = try readChunk(at: offset, count: count), data.count == count else { return nil }
+            guard let data = try source.read(at: offset, count: count) else { return nil }
             let hash = ContentCopy.hash(of: data)
-            if !(try store.hasBlob(hash)) {
+            if try !store.holdsBlob(hash, size: count) {
                 try store.putBlob(hash, data: data)
                 uploaded = true
             }
@@ -377,7 +378,7 @@ public final class SyncEngine: Sendable {
         guard stillUnchanged() else { return nil }
         let manifest = try ChunkManifest(chunkSize: UInt64(chunkSize), size: UInt64(size), chunks: chunks).encoded()
         let hash = ContentCopy.hash(of: manifest)
-        if try hash != previousHash && !store.hasBlob(hash) {
+        if try !store.holdsBlob(hash, size: manifest.count) {
             try store.putBlob(hash, data: manifest)
             uploaded = true
         }
@@ -455,6 +456,7 @@ public final class SyncEngine: Sendable {
                         n.chunked = snapshot.chunked
                         n.author = device.name
                         n.pushedGeneration = snapshot.generation
+                        n.verifiedHash = snapshot.hash
                     }
                     if n.unlinked { n.pushedGeneration = n.contentGeneration }
                 }

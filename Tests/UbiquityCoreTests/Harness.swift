@@ -27,6 +27,8 @@ final class TestDevice {
         engine = SyncEngine(replica: replica, store: store, container: Self.container,
                             device: DeviceIdentity(id: "\(name)-\(UUID().uuidString)", name: name),
                             logger: Logger(label: "test"), writeBackDelay: 0)
+        // As the daemon does when it opens a replica.
+        try engine.recoverInterruptedWrites()
         fs = FileSystem(replica: replica, hooks: engine)
     }
 

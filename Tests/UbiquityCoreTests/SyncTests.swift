@@ -212,6 +212,22 @@ import Glibc
         #expect(throws: UbiquityError.self) { _ = try store.fetchBlob(hash) }
     }
 
+    @Test func blobSizeAndACutShortBlobReplaced() throws {
+        let root = temp()
+        defer { try? FileManager.default.removeItem(at: root) }
+        let store = try FolderStore(root: root, create: true, initializeEmpty: true)
+        let content = Data("content".utf8)
+        let hash = ContentCopy.hash(of: content)
+        #expect(try store.blobSize(hash) == nil)
+        try store.putBlob(hash, data: content)
+        #expect(try store.blobSize(hash) == 7)
+        let blob = root.appendingPathComponent("blobs/\(hash.prefix(2))/\(hash)")
+        try Data("cont".utf8).write(to: blob)
+        #expect(try !store.holdsBlob(hash, size: 7))
+        try store.putBlob(hash, data: content)
+        #expect(try store.fetchBlob(hash) == content, "a cut-short blob is replaced")
+    }
+
     @Test func nonUTF8NamesRoundTripThroughTheJournal() throws {
         let name = FileName(bytes: [0x66, 0xff, 0xfe])
         let data = try JSONEncoder().encode(Change.entry(parent: .root, name: name, child: "c"))

@@ -21,4 +21,7 @@ int ubq_malloc_trim(void);
  * SIGPIPE is ignored. */
 int ubq_forward_shutdown_signals(int fd);
 
+/* strerrorname_np(3): "EAGAIN" for EAGAIN (NULL for an unknown number). */
+const char *ubq_errno_name(int code);
+
 #endif

@@ -1,0 +1,101 @@
+import Foundation
+import UbiquityReplica
+import UbiquityStore
+
+/// Crash recovery never replaces a good version with a torn write.
+///
+/// A file of the store's (`version > 0`) carries a persistent mark from the
+/// moment it is opened for writing — and again from the first write after a
+/// `close` or `fsync` — until its writes are acknowledged (`close`, `fsync`,
+/// the last writer gone): `LocalNode.unacknowledgedWrites`. If the daemon dies
+/// (`kill -9`, a crash, power) while it is set, the cache file may hold a
+/// half-written rewrite (the 95 MB prefix of a 200 MB write). At the next
+/// start, before pulling or serving, each marked file is split like a
+/// conflict:
+///
+/// - the inode that was being written keeps its content and becomes a new
+///   file, `NAME (recovered copy DEVICE YYYY-MM-DD HHMMSS).EXT` beside the
+///   first name of the original, pushed like any new file;
+/// - the name(s) get the last good version back — the version the store
+///   has (`hash`), as a placeholder under a new inode number, downloaded
+///   when opened — with the copy recorded as a conflict version of it
+///   (`versions` and `resolve` work on it).
+///
+/// Not split: a file whose content is the good version after all (opened for
+/// writing, nothing written), a file never pushed (no good version to protect:
+/// it is kept under its name and pushed — new files are never marked), and
+/// unlinked files (their deletion is pushed). What `close`/`fsync`
+/// acknowledged before the crash is in the recovered copy (with the
+/// unacknowledged writes made after it): the name holds what the store held.
+extension SyncEngine {
+    /// Split every file the daemon was writing when it died (see above).
+    /// Call once, after opening the replica and before pulling, pushing or
+    /// serving it. Returns the inodes of the recovered copies.
+    @discardableResult
+    public func recoverInterruptedWrites(date: Date = Date()) throws -> [UInt64] {
+        let marked = replica.withNamespace { ns in ns.nodes.values.filter(\.unacknowledgedWrites).map(\.ino).sorted() }
+        guard !marked.isEmpty else { return [] }
+        var copies: [UInt64] = []
+        var refresh: [UInt64] = []
+        for ino in marked {
+            guard let node = replica.withNamespace({ ns in ns.node(ino) }) else { continue }
+            let torn = node.kind == .file && node.hasContent && !node.unlinked && node.version > 0
+                && FileManager.default.fileExists(atPath: replica.cachePath(ino)) && !localCopyIsGoodVersion(node)
+            let result = replica.withNamespace { ns -> (copy: UInt64, good: UInt64, name: FileName)? in
+                let places = ns.entriesNaming(ino)
+                guard torn, let first = places.first else {
+                    ns.update(ino, local: false) { $0.unacknowledgedWrites = false }
+                    return nil
+                }
+                // The inode that was being written becomes a new node (content and all).
+                let copyID = UUID().uuidString.lowercased()
+                ns.rekey(ino, to: copyID)
+                ns.update(ino, local: false) { n in
+                    n.unacknowledgedWrites = false
+                    n.conflicts = []
+                    n.author = device.name
+                }
+                // The node's ID gets the last good version back, under a new inode.
+                let good = ns.createNode(id: node.id, kind: .file, mode: node.mode, uid: node.uid, gid: node.gid,
+                                         time: node.mtime, local: false)
+                ns.update(good, local: true) { n in
+                    n.atime = node.atime; n.ctime = node.ctime; n.btime = node.btime
+                    n.xattrs = node.xattrs
+                    n.hash = node.hash; n.hashSize = node.hashSize; n.chunked = node.chunked; n.size = node.hashSize
+                    n.hasContent = false
+                    n.version = node.version
+                    n.pinned = node.pinned
+                    n.author = node.author
+                    n.conflicts = node.conflicts + [copyID]
+                }
+                ns.rebasePendingEntries(from: ino, to: good)
+                for place in places {
+                    ns.unlinkEntry(place.parent, place.name, local: false)
+                    ns.linkEntry(place.parent, place.name, good, local: false)
+                }
+                let name = ChangeApplier.copyName(first.name, label: "recovered copy", deviceName: device.name,
+                                                  date: date, in: first.parent, ns: ns)
+                ns.linkEntry(first.parent, name, ino, local: true)
+                return (ino, good, name)
+            }
+            guard let result else { continue }
+            copies.append(result.copy)
+            let path = replica.withNamespace { ns in ns.path(of: result.good) } ?? "inode \(result.good)"
+            logger.warning("\(path) was being written when the daemon stopped: the last good version keeps the name, what was written is kept beside it as '\(result.name)'")
+            if replica.withNamespace({ ns in ns.isPinned(result.good) }) { refresh.append(result.good) }
+        }
+        try replica.persist()
+        for ino in refresh { startDownload(ino: ino, background: true) }
+        return copies
+    }
+
+    /// The local copy of `node` is its last synced version (`hash`): opened
+    /// for writing, but nothing was changed.
+    func localCopyIsGoodVersion(_ node: LocalNode) -> Bool {
+        guard let reader = try? CacheFileReader(path: replica.cachePath(node.ino)) else { return false }
+        defer { reader.close() }
+        guard UInt64(reader.size) == node.hashSize else { return false }
+        guard let hash = node.hash else { return reader.size == 0 }
+        return (try? reader.contentHash()) == hash
+    }
+}
