@@ -77,7 +77,7 @@ public final class FolderStore: Store {
             storeID = marker.storeID
             sharedFlag = Atomic(marker.shared ?? false)
             if shared && !self.shared {
-                throw UbiquityError(EINVAL, "store \(self.root.path) is private (made without --shared-store); its files are its owner's only")
+                throw UbiquityError(EPERM, "store \(self.root.path) is private (made without --shared-store); its files are its owner's only")
             }
             if !self.shared { Self.makePrivate(self.root) }
         } else {
