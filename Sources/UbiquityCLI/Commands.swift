@@ -295,7 +295,8 @@ struct Status: ParsableCommand {
         let mountpoints = mountpoint.map { [resolvedPath($0)] } ?? MountLocator.mounts()
         if mountpoints.isEmpty { fail(UbiquityError(ENOENT, "no ubiquityfs mount")) }
         var shown = 0
-        var notShown: [String] = []
+        var others: [String] = []       // other devices' or users' mounts
+        var unreachable: [String] = []  // this device's, whose daemon did not answer
         for path in mountpoints {
             var status: [String: Any]?
             do {
@@ -309,8 +310,11 @@ struct Status: ParsableCommand {
             } catch {
                 // One mountpoint asked for: its error is the answer. Every mount: say which were left out.
                 if mountpoint != nil { fail(error) }
-                let reason = (error as? UbiquityError)?.errno == EPERM ? "another device's or user's mount" : "\(UbiquityError.wrap(error))"
-                notShown.append("\(path) (\(reason))")
+                if (error as? UbiquityError)?.errno == EPERM {
+                    others.append(path)
+                } else {
+                    unreachable.append("\(path) (\(UbiquityError.wrap(error)))")
+                }
                 continue
             }
             guard let status else { continue }
@@ -324,8 +328,11 @@ struct Status: ParsableCommand {
             shown += 1
             printStatus(status, path: path)
         }
-        if !notShown.isEmpty {
-            FileHandle.standardError.write(Data("ubiquityfs: not shown: \(notShown.joined(separator: "; "))\n".utf8))
+        if !others.isEmpty {
+            FileHandle.standardError.write(Data("ubiquityfs: not shown, \(others.count) mount\(others.count == 1 ? "" : "s") of other devices or users: \(others.joined(separator: ", "))\n".utf8))
+        }
+        if !unreachable.isEmpty {
+            FileHandle.standardError.write(Data("ubiquityfs: not shown, not answering: \(unreachable.joined(separator: "; "))\n".utf8))
         }
         if shown == 0 { fail(UbiquityError(ENOENT, "no ubiquityfs mount of this device (data home \(Locations().dataHome.path))")) }
     }
