@@ -16,6 +16,14 @@ public struct UbiquityCommand: ParsableCommand {
                       Versions.self, Resolve.self, Container.self, QueryCommand.self])
 
     public init() {}
+
+    /// Every command runs with umask 077: what ubiquityfs creates (data
+    /// home, replicas, runtime files, a private store) is its owner's only.
+    /// A shared store sets its own modes explicitly.
+    public static func main() {
+        umask(0o077)
+        main(nil)
+    }
 }
 
 /// Print to stderr and exit non-zero: the CLI's one way of failing.
@@ -53,6 +61,8 @@ struct Mount: ParsableCommand {
     var deviceName: String?
     @Option(help: "With --container: documents (the Documents folder, folder levels enforced), data (all but Documents) or all (the default).")
     var scope: QueryService.Scope?
+    @Flag(help: "When the store is new, make it shared by the group of its folder (store folders 0770, files 0640) instead of private to you (0700, 0600).")
+    var sharedStore = false
     @Option(help: .hidden) var notifyFd: Int32?
 
     func validate() throws {
@@ -75,12 +85,13 @@ struct Mount: ParsableCommand {
                                    fuseOptions: options.flatMap { $0.split(separator: ",").map(String.init) })
         let settings = DaemonSettings(storePath: store.map(absolutePath), foreground: foreground || notifyFd != nil,
                                       pollInterval: pollInterval, cacheLimit: cacheSize.flatMap(parseSize),
-                                      deviceName: deviceName, notifyFD: notifyFd)
+                                      deviceName: deviceName, sharedStore: sharedStore, notifyFD: notifyFd)
         let locations = Locations()
         let storeKey = settings.storePath ?? locations.defaultStore.path
         let what = container.map { "\($0)\(scope.map { " (\($0.rawValue) scope)" } ?? "")" } ?? "the drive"
         if settings.foreground {
             do {
+                try locations.prepareRuntimeDirectory()
                 if notifyFd == nil, let pid = try join(request, settings: settings, socket: locations.daemonSocket(store: storeKey).path, probeOnly: true) {
                     throw UbiquityError(EBUSY, "a daemon (pid \(pid)) already serves this store on this device; mount without --foreground to add to it")
                 }
@@ -97,8 +108,7 @@ struct Mount: ParsableCommand {
         do {
             // One `mount` at a time finds or starts the store's daemon.
             let lockPath = locations.daemonLock(store: storeKey).path
-            try? FileManager.default.createDirectory(at: locations.runtimeDirectory, withIntermediateDirectories: true,
-                                                     attributes: [.posixPermissions: 0o700])
+            try locations.prepareRuntimeDirectory()
             let lock = open(lockPath, O_RDWR | O_CREAT | O_CLOEXEC, 0o600)
             guard lock >= 0 else { throw UbiquityError.posix("open \(lockPath)") }
             defer { close(lock) }
@@ -128,6 +138,7 @@ struct Mount: ParsableCommand {
                                       "scope": request.scope.rawValue, "fuseOptions": request.fuseOptions]
         if let container = request.container { message["container"] = container }
         if let name = settings.deviceName { message["deviceName"] = name }
+        if settings.sharedStore { message["sharedStore"] = true }
         for _ in 0..<100 {
             var answer: [String: Any] = [:]
             do {
@@ -165,6 +176,7 @@ struct Mount: ParsableCommand {
         if let store = settings.storePath { arguments += ["--store", store] }
         if let limit = settings.cacheLimit { arguments += ["--cache-size", String(limit)] }
         if let name = settings.deviceName { arguments += ["--device-name", name] }
+        if settings.sharedStore { arguments.append("--shared-store") }
         if !request.fuseOptions.isEmpty { arguments += ["-o", request.fuseOptions.joined(separator: ",")] }
 
         var actions = posix_spawn_file_actions_t()
@@ -210,26 +222,33 @@ struct Mount: ParsableCommand {
 
 struct Unmount: ParsableCommand {
     static let configuration = CommandConfiguration(
-        abstract: "Wait until every change is in the store, then unmount.")
+        abstract: "Wait until every change is in the store, then unmount.",
+        discussion: """
+            Only this device's ubiquityfs mounts: any other filesystem, and another device's or user's \
+            ubiquityfs mount, is refused. The daemon is found from the mount itself, whatever the \
+            environment (another shell, su, cron).
+            """)
 
     @Argument(help: "The mountpoint.") var mountpoint: String
     @Flag(help: "Detach at once; pending changes stay queued for the next mount.") var force = false
 
     func run() throws {
-        let path = absolutePath(mountpoint)
-        let socket = Locations().controlSocket(mountpoint: path).path
+        let path = resolvedPath(mountpoint)
+        let daemon: MountRecord
+        do { daemon = try MountLocator.daemon(of: path) } catch { fail(error) }
+        let locations = Locations()
         if force {
             do { try Unmounter.unmount(path, lazy: true) } catch { fail(error) }
+            if MountLocator.isDead(daemon) { MountRecord.remove(locations, mountpoint: path, pid: daemon.pid) }
             print("Detached \(path); changes not yet pushed stay queued for the next mount.")
             return
         }
-        guard Unmounter.isMountpoint(path) else { fail(UbiquityError(EINVAL, "\(path) is not mounted")) }
         var finalError: String?
         var finished = false
         var lastLine = ""
         let isTTY = isatty(STDERR_FILENO) != 0
         do {
-            try ControlClient.call(socket: socket, ["command": "unmount"]) { line in
+            try ControlClient.call(socket: daemon.socket, ["command": "unmount"]) { line in
                 if let progress = line["progress"] as? [String: Any] {
                     let items = progress["items"] as? Int ?? 0
                     let bytes = progress["bytes"] as? Int ?? 0
@@ -246,8 +265,12 @@ struct Unmount: ParsableCommand {
                 }
             }
         } catch let error as UbiquityError where error.errno == ENOENT || error.errno == ECONNREFUSED {
-            // No daemon answers (it died): unmount what is left; the replica keeps the queue.
+            guard MountLocator.isDead(daemon) else {
+                fail(UbiquityError(EAGAIN, "the daemon of \(path) (pid \(daemon.pid)) runs but does not answer at \(daemon.socket) (\(error)); `kill \(daemon.pid)` stops it (changes stay queued), or `ubiquityfs unmount --force` detaches the mount"))
+            }
+            // Its daemon died: unmount what is left; the replica keeps the queue.
             do { try Unmounter.unmount(path, lazy: false) } catch { fail(error) }
+            MountRecord.remove(locations, mountpoint: path, pid: daemon.pid)
             print("Unmounted \(path) (its daemon was not running; pending changes are pushed at the next mount).")
             return
         } catch {
@@ -261,53 +284,83 @@ struct Unmount: ParsableCommand {
 }
 
 struct Status: ParsableCommand {
-    static let configuration = CommandConfiguration(abstract: "Show the sync status of a mount (or of every mount).")
+    static let configuration = CommandConfiguration(
+        abstract: "Show the sync status of a mount (or of every mount of this device).",
+        discussion: "Without a mountpoint: every ubiquityfs mount this device's daemons serve; the others (other devices' or users') are named on stderr.")
 
-    @Argument(help: "The mountpoint (default: every ubiquityfs mount).") var mountpoint: String?
+    @Argument(help: "The mountpoint (default: every ubiquityfs mount of this device).") var mountpoint: String?
     @Flag(help: "Print JSON (one object per mount).") var json = false
 
     func run() throws {
-        let mountpoints = mountpoint.map { [absolutePath($0)] } ?? MountLocator.mounts()
+        let mountpoints = mountpoint.map { [resolvedPath($0)] } ?? MountLocator.mounts()
         if mountpoints.isEmpty { fail(UbiquityError(ENOENT, "no ubiquityfs mount")) }
-        for (index, path) in mountpoints.enumerated() {
-            let socket = Locations().controlSocket(mountpoint: path).path
+        var shown = 0
+        var others: [String] = []       // other devices' or users' mounts
+        var unreachable: [String] = []  // this device's, whose daemon did not answer
+        for path in mountpoints {
             var status: [String: Any]?
             do {
-                try ControlClient.call(socket: socket, ["command": "status"]) { line in status = line["status"] as? [String: Any] }
+                let daemon = try MountLocator.daemon(of: path)
+                do {
+                    try ControlClient.call(socket: daemon.socket, ["command": "status"]) { line in status = line["status"] as? [String: Any] }
+                } catch {
+                    throw UbiquityError(ENOTCONN, "its daemon (pid \(daemon.pid)) does not answer (\(error))")
+                }
+                guard status != nil else { throw UbiquityError(EIO, "no answer from its daemon (pid \(daemon.pid))") }
             } catch {
-                fail(UbiquityError(ENOTCONN, "no ubiquityfs daemon serves \(path) (\(error))"))
+                // One mountpoint asked for: its error is the answer. Every mount: say which were left out.
+                if mountpoint != nil { fail(error) }
+                if (error as? UbiquityError)?.errno == EPERM {
+                    others.append(path)
+                } else {
+                    unreachable.append("\(path) (\(UbiquityError.wrap(error)))")
+                }
+                continue
             }
-            guard let status else { fail(UbiquityError(EIO, "no answer from the daemon of \(path)")) }
+            guard let status else { continue }
             if json {
                 let data = try JSONSerialization.data(withJSONObject: status, options: [.sortedKeys])
                 print(String(decoding: data, as: UTF8.self))
+                shown += 1
                 continue
             }
-            if index > 0 { print() }
-            func bytes(_ key: String) -> String { formatBytes(UInt64(status[key] as? Int ?? 0)) }
-            let view = status["view"] as? String == "drive" ? "the drive" : "container \(status["container"] ?? "?"), \(status["scope"] ?? "all") scope"
-            print("Mount:        \(path) (\(view), daemon pid \(status["pid"] ?? "?"))")
-            print("Store:        \((status["storeReachable"] as? Bool ?? false) ? "reachable" : "UNREACHABLE (working offline; changes are queued)")")
-            print("Items:        \(status["items"] ?? 0) (Documents scope \(status["documentsItems"] ?? 0), Data scope \(status["dataItems"] ?? 0))")
-            for container in status["containers"] as? [[String: Any]] ?? [] {
-                let folder = (container["folder"] as? String).map { " in \($0 == "/" ? "the root" : "folder \"\($0)\"")" } ?? ""
-                print("  \(container["id"] ?? "?")\(folder): \(container["items"] ?? 0) items (Documents \(container["documentsItems"] ?? 0), Data \(container["dataItems"] ?? 0)), \(container["pendingItems"] ?? 0) to upload, \(container["downloadingItems"] ?? 0) downloading")
-            }
-            print("Uploads:      \(status["pendingItems"] ?? 0) items, \(bytes("pendingBytes")) pending")
-            print("Downloads:    \(status["downloadingItems"] ?? 0) items, \(bytes("downloadingBytes")) to go")
-            let limit = status["cacheLimitBytes"].map { " of \(formatBytes(UInt64($0 as? Int ?? 0)))" } ?? ""
-            print("Local:        \(bytes("cachedBytes"))\(limit) downloaded")
-            print("Last sync:    \(status["lastSync"] ?? "never")")
-            let failing = status["failingUploads"] as? [[String: Any]] ?? []
-            if !failing.isEmpty {
-                print("Not uploaded: \(failing.count) item\(failing.count == 1 ? "" : "s") the store refused (retried with back-off; the others go ahead)")
-                for f in failing.prefix(10) { print("  \(f["path"] ?? "?") (\(f["attempts"] ?? 0) tries): \(f["error"] ?? "")") }
-            }
-            let errors = status["recentErrors"] as? [[String: Any]] ?? []
-            if !errors.isEmpty {
-                print("Recent errors:")
-                for e in errors.suffix(5) { print("  \(e["date"] ?? "") \(e["message"] ?? "")") }
-            }
+            if shown > 0 { print() }
+            shown += 1
+            printStatus(status, path: path)
+        }
+        if !others.isEmpty {
+            FileHandle.standardError.write(Data("ubiquityfs: not shown, \(others.count) mount\(others.count == 1 ? "" : "s") of other devices or users: \(others.joined(separator: ", "))\n".utf8))
+        }
+        if !unreachable.isEmpty {
+            FileHandle.standardError.write(Data("ubiquityfs: not shown, not answering: \(unreachable.joined(separator: "; "))\n".utf8))
+        }
+        if shown == 0 { fail(UbiquityError(ENOENT, "no ubiquityfs mount of this device (data home \(Locations().dataHome.path))")) }
+    }
+
+    func printStatus(_ status: [String: Any], path: String) {
+        func bytes(_ key: String) -> String { formatBytes(UInt64(status[key] as? Int ?? 0)) }
+        let view = status["view"] as? String == "drive" ? "the drive" : "container \(status["container"] ?? "?"), \(status["scope"] ?? "all") scope"
+        print("Mount:        \(path) (\(view), daemon pid \(status["pid"] ?? "?"))")
+        print("Store:        \((status["storeReachable"] as? Bool ?? false) ? "reachable" : "UNREACHABLE (working offline; changes are queued)")")
+        print("Items:        \(status["items"] ?? 0) (Documents scope \(status["documentsItems"] ?? 0), Data scope \(status["dataItems"] ?? 0))")
+        for container in status["containers"] as? [[String: Any]] ?? [] {
+            let folder = (container["folder"] as? String).map { " in \($0 == "/" ? "the root" : "folder \"\($0)\"")" } ?? ""
+            print("  \(container["id"] ?? "?")\(folder): \(container["items"] ?? 0) items (Documents \(container["documentsItems"] ?? 0), Data \(container["dataItems"] ?? 0)), \(container["pendingItems"] ?? 0) to upload, \(container["downloadingItems"] ?? 0) downloading")
+        }
+        print("Uploads:      \(status["pendingItems"] ?? 0) items, \(bytes("pendingBytes")) pending")
+        print("Downloads:    \(status["downloadingItems"] ?? 0) items, \(bytes("downloadingBytes")) to go")
+        let limit = status["cacheLimitBytes"].map { " of \(formatBytes(UInt64($0 as? Int ?? 0)))" } ?? ""
+        print("Local:        \(bytes("cachedBytes"))\(limit) downloaded")
+        print("Last sync:    \(status["lastSync"] ?? "never")")
+        let failing = status["failingUploads"] as? [[String: Any]] ?? []
+        if !failing.isEmpty {
+            print("Not uploaded: \(failing.count) item\(failing.count == 1 ? "" : "s") the store refused (retried with back-off; the others go ahead)")
+            for f in failing.prefix(10) { print("  \(f["path"] ?? "?") (\(f["attempts"] ?? 0) tries): \(f["error"] ?? "")") }
+        }
+        let errors = status["recentErrors"] as? [[String: Any]] ?? []
+        if !errors.isEmpty {
+            print("Recent errors:")
+            for e in errors.suffix(5) { print("  \(e["date"] ?? "") \(e["message"] ?? "")") }
         }
     }
 }

@@ -17,12 +17,15 @@ struct Container: ParsableCommand {
 
 struct StoreOption: ParsableArguments {
     @Option(help: "Path of a folder store (default: $XDG_DATA_HOME/ubiquityfs/store).") var store: String?
+    @Flag(help: "When the store is new, make it shared by the group of its folder (as `mount --shared-store`).")
+    var sharedStore = false
 
     func open() throws -> FolderStore {
         if let store {
-            return try FolderStore(root: URL(fileURLWithPath: absolutePath(store)), create: false, initializeEmpty: true)
+            return try FolderStore(root: URL(fileURLWithPath: absolutePath(store)), create: false, initializeEmpty: true,
+                                   shared: sharedStore)
         }
-        return try FolderStore(root: Locations().defaultStore, create: true, initializeEmpty: true)
+        return try FolderStore(root: Locations().defaultStore, create: true, initializeEmpty: true, shared: sharedStore)
     }
 }
 

@@ -7,50 +7,6 @@ import UbiquityStore
 import Glibc
 #endif
 
-/// Finding which mount a path belongs to, and talking to its daemon.
-enum MountLocator {
-    static func mounts() -> [String] { MountTable.ubiquityMounts() }
-
-    /// The mount holding `path`, and the path's names below the mount's root.
-    static func locate(_ path: String) throws -> (mountpoint: String, components: [String]) {
-        let absolute = absolutePath(path)
-        for mountpoint in mounts().sorted(by: { $0.count > $1.count }) {
-            if absolute == mountpoint { return (mountpoint, []) }
-            let prefix = mountpoint == "/" ? "/" : mountpoint + "/"
-            if absolute.hasPrefix(prefix) {
-                return (mountpoint, absolute.dropFirst(prefix.count).split(separator: "/").map(String.init))
-            }
-        }
-        throw UbiquityError(EINVAL, "\(absolute) is not inside a ubiquityfs mount")
-    }
-
-    /// Send a request about `paths` to the daemon(s) serving them, printing
-    /// progress; fails with the daemon's message.
-    static func run(_ command: String, paths: [String], extra: [String: Any] = [:],
-                    progress: (([String: Any]) -> Void)? = nil, onLine: (([String: Any]) -> Void)? = nil) throws {
-        var byMount: [String: [[String]]] = [:]
-        for path in paths {
-            let (mountpoint, components) = try locate(path)
-            byMount[mountpoint, default: []].append(components)
-        }
-        for (mountpoint, components) in byMount.sorted(by: { $0.key < $1.key }) {
-            var request = extra
-            request["command"] = command
-            request["paths"] = components
-            var failure: UbiquityError?
-            var ok = false
-            try ControlClient.call(socket: Locations().controlSocket(mountpoint: mountpoint).path, request) { line in
-                if let p = line["progress"] as? [String: Any] { progress?(p) }
-                onLine?(line)
-                if let e = line["error"] as? String { failure = UbiquityError(Int32(line["errno"] as? Int ?? Int(EIO)), e) }
-                if line["ok"] != nil { ok = true }
-            }
-            if let failure { throw failure }
-            guard ok else { throw UbiquityError(EIO, "the daemon of \(mountpoint) did not answer") }
-        }
-    }
-}
-
 /// A one-line progress bar on a terminal, plain lines otherwise.
 struct ProgressLine {
     let tty = isatty(STDERR_FILENO) != 0

@@ -6,8 +6,9 @@ import UbiquityStore
 import Glibc
 #endif
 
-/// The mount's control socket: a Unix stream socket (owner-only) under
-/// `$XDG_RUNTIME_DIR/ubiquityfs/`. Requests and replies are JSON objects,
+/// The mount's control socket: a Unix stream socket (owner-only) in the
+/// runtime directory (`$XDG_RUNTIME_DIR/ubiquityfs/`, checked to be the
+/// user's own and private by `Locations.prepareRuntimeDirectory`). Requests and replies are JSON objects,
 /// one per line. A request may get several lines back (progress) before
 /// its final `{"ok":…}` or `{"error":…}`.
 final class ControlServer: Sendable {
@@ -22,9 +23,6 @@ final class ControlServer: Sendable {
         self.path = path
         self.handler = handler
         self.logger = logger
-        let dir = (path as NSString).deletingLastPathComponent
-        try? FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: true,
-                                                 attributes: [.posixPermissions: 0o700])
         unlink(path)
         let fd = try syscallRetrying("socket") { socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0) }
         var address = try ControlClient.address(path)
@@ -83,16 +81,42 @@ final class ControlConnection: Sendable {
 
     init(fd: Int32) { self.fd = fd }
 
+    /// The longest request line accepted (a query's predicate is the only
+    /// part that grows); a longer one is answered with an error.
+    static let maximumRequest = 1 << 20
+    /// How long a client may take to send its request line.
+    static let requestTimeout: Int = 30
+
+    /// Read the request line. What is not a request (too long, not a JSON
+    /// object, never finished) is answered with an error here, and nil
+    /// returned: nothing a client sends reaches a handler unchecked.
     func readRequest() -> [String: Any]? {
+        var timeout = timeval(tv_sec: Self.requestTimeout, tv_usec: 0)
+        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
         var data = Data()
-        var byte: UInt8 = 0
-        while data.count < 65536 {
-            let n = read(fd, &byte, 1)
-            if n <= 0 { return nil }
-            if byte == 0x0a { break }
-            data.append(byte)
+        var buffer = [UInt8](repeating: 0, count: 65536)
+        while true {
+            let n = read(fd, &buffer, buffer.count)
+            if n < 0 && errno == EINTR { continue }
+            if n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) {
+                send(["error": "no complete request line within \(Self.requestTimeout) s"])
+                return nil
+            }
+            if n <= 0 { break }   // the client closed its side: the request is what came
+            let newline = buffer[0..<n].firstIndex(of: 0x0a)
+            data.append(contentsOf: buffer[0..<(newline ?? n)])
+            if data.count > Self.maximumRequest {
+                send(["error": "request too large (more than \(Self.maximumRequest >> 20) MiB)"])
+                return nil
+            }
+            if newline != nil { break }
         }
-        return (try? JSONSerialization.jsonObject(with: data)) as? [String: Any]
+        if data.isEmpty { return nil }
+        guard let request = (try? JSONSerialization.jsonObject(with: data)) as? [String: Any] else {
+            send(["error": "the request is not a JSON object"])
+            return nil
+        }
+        return request
     }
 
     /// Send one JSON line; false if the client went away.

@@ -29,6 +29,8 @@ struct DaemonSettings: Sendable {
     var cacheLimit: UInt64?
     /// This device's name (shown in conflicted-copy names); default: the host name.
     var deviceName: String?
+    /// A new store is made shared by its folder's group (`FolderStore.shared`).
+    var sharedStore = false
     /// Write "ready"/"error" here (the background parent waits on it).
     var notifyFD: Int32?
 }
@@ -115,7 +117,8 @@ final class Daemon: @unchecked Sendable {
         let knownID = (try? String(contentsOf: knownFile, encoding: .utf8))?.trimmingCharacters(in: .whitespacesAndNewlines)
         let store: FolderStore
         do {
-            store = try FolderStore(root: path, create: isDefault && knownID == nil, initializeEmpty: knownID == nil)
+            store = try FolderStore(root: path, create: isDefault && knownID == nil, initializeEmpty: knownID == nil,
+                                    shared: settings.sharedStore)
         } catch let error as UbiquityError where knownID != nil && [ENOENT, EHOSTDOWN, EACCES, ENOTDIR, EINVAL].contains(error.errno) {
             // A store this device has used: missing, emptied, unreadable or unmounted
             // means unreachable — never "everything was deleted". Work offline.
@@ -135,6 +138,8 @@ final class Daemon: @unchecked Sendable {
         // Few malloc arenas: 16 FUSE threads per mount must not each keep their own heap.
         LinuxCalls.limitMallocArenas(2)
         _ = try Self.validateMountpoint(first.mountpoint)
+        try locations.prepareRuntimeDirectory()
+        try locations.prepareDataHome()
         device = try DeviceIdentity.load(dataHome: locations.dataHome, name: settings.deviceName)
         store = try openStore()
         syncStore = Self.withInjectedFaults(store)
@@ -190,6 +195,10 @@ final class Daemon: @unchecked Sendable {
             return
         default:
             connection.send(["error": "unknown command"])
+            return
+        }
+        if req["sharedStore"] as? Bool == true, !store.shared {
+            connection.send(["error": "store \(storePath) is private (made without --shared-store); its files are its owner's only"])
             return
         }
         if let name = req["deviceName"] as? String, name != device.name {

@@ -66,15 +66,22 @@ final class MountHost: @unchecked Sendable {
     }
 
     /// Mount, open the control socket, and serve on a thread of its own.
+    /// The mount's source names the daemon (`ubiquityfs:PID`) and the
+    /// device records it (`MountRecord`): that is how commands find the
+    /// daemon of a mount, and tell this device's mounts from others'.
     func start(fuseOptions: [String]) throws {
-        var options = ["default_permissions", "fsname=ubiquityfs", "subtype=ubiquityfs"]
+        let socket = daemon.locations.controlSocket(mountpoint: mountpoint).path
+        try daemon.locations.prepareRuntimeDirectory()
+        var options = ["default_permissions", "fsname=\(MountTable.source(daemonPID: getpid()))", "subtype=ubiquityfs"]
         if geteuid() == 0 { options.append("allow_other") }
         try session.mount(options: options + fuseOptions)
         do {
-            control = try ControlServer(path: daemon.locations.controlSocket(mountpoint: mountpoint).path, logger: logger) {
+            control = try ControlServer(path: socket, logger: logger) {
                 [self] req, connection in handleControl(req, connection)
             }
+            try MountRecord(mountpoint: mountpoint, pid: getpid(), socket: socket).save(daemon.locations)
         } catch {
+            control?.stop()
             session.close()
             throw error
         }
@@ -99,6 +106,7 @@ final class MountHost: @unchecked Sendable {
         for host in hosts { host.removeViewer(session) }
         session.close()
         control?.stop()
+        MountRecord.remove(daemon.locations, mountpoint: mountpoint, pid: getpid())
         let waiter = unmountWaiter.withLock { $0 }
         var answer: [String: Any] = ["ok": true]
         do {

@@ -50,26 +50,24 @@ struct QueryCommand: ParsableCommand {
     }
 
     /// The control socket to ask, or nil to read the replica directly.
+    /// Only this device's mounts are asked (`MountLocator.daemon`).
     func socketPath() throws -> String? {
-        let locations = Locations()
-        if let mountpoint { return locations.controlSocket(mountpoint: absolutePath(mountpoint)).path }
-        let mounts = MountLocator.mounts()
+        if let mountpoint { return try MountLocator.daemon(of: resolvedPath(mountpoint)).socket }
+        let mounts = MountLocator.mounts().compactMap { try? MountLocator.daemon(of: $0) }
         guard let container else {
             guard mounts.count == 1 else {
-                throw UbiquityError(EINVAL, mounts.isEmpty ? "no ubiquityfs mount: give --container ID to read a replica"
+                throw UbiquityError(EINVAL, mounts.isEmpty ? "no ubiquityfs mount of this device: give --container ID to read a replica"
                                                            : "several mounts: name one, or give --container")
             }
-            return locations.controlSocket(mountpoint: mounts[0]).path
+            return mounts[0].socket
         }
         for mount in mounts {
-            let socket = locations.controlSocket(mountpoint: mount).path
             var status: [String: Any]?
-            try? ControlClient.call(socket: socket, ["command": "describe"]) { status = $0 }
-            // A mount of this device that shows this container (of this store, if one was named).
-            guard (status?["containers"] as? [String] ?? []).contains(container),
-                  status?["dataHome"] as? String == locations.dataHome.path else { continue }
+            try? ControlClient.call(socket: mount.socket, ["command": "describe"]) { status = $0 }
+            // A mount that shows this container (of this store, if one was named).
+            guard (status?["containers"] as? [String] ?? []).contains(container) else { continue }
             if let store, status?["store"] as? String != absolutePath(store) { continue }
-            return socket
+            return mount.socket
         }
         return nil
     }

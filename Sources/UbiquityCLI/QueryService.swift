@@ -155,7 +155,7 @@ enum QueryService {
             return
         }
         guard connection.send(["event": "gatheringFinished", "count": results.count]) else { return }
-        let throttle = max(0.05, req["throttle"] as? Double ?? 1)
+        let throttle = min(3600, max(0.05, req["throttle"] as? Double ?? 1))
         var current = Dictionary(results, uniquingKeysWith: { a, _ in a })
         results = []
         let predicateAttributes = query.predicateAttributes

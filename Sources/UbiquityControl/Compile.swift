@@ -18,12 +18,12 @@ enum Compiler {
         case .not(let inner):
             let inner = compile(inner)
             return { !inner($0) }
-        case .and(let left, let right):
-            let left = compile(left), right = compile(right)
-            return { left($0) && right($0) }
-        case .or(let left, let right):
-            let left = compile(left), right = compile(right)
-            return { left($0) || right($0) }
+        case .and(let operands):
+            let operands = operands.map(compile)
+            return { item in operands.allSatisfy { $0(item) } }
+        case .or(let operands):
+            let operands = operands.map(compile)
+            return { item in operands.contains { $0(item) } }
         case .comparison(let comparison):
             return compile(comparison)
         }

@@ -4,8 +4,8 @@ extension Predicate: CustomStringConvertible {
         switch self {
         case .constant(let value): value ? "TRUEPREDICATE" : "FALSEPREDICATE"
         case .not(let inner): "NOT \(inner.operandDescription)"
-        case .and(let left, let right): "\(left.operandDescription) AND \(right.operandDescription)"
-        case .or(let left, let right): "\(left.operandDescription) OR \(right.operandDescription)"
+        case .and(let operands): operands.map(\.operandDescription).joined(separator: " AND ")
+        case .or(let operands): operands.map(\.operandDescription).joined(separator: " OR ")
         case .comparison(let c): c.description
         }
     }

@@ -1,4 +1,5 @@
-/// Recursive-descent parser with type checking.
+/// Recursive-descent parser with type checking; recursion is bounded by
+/// `maximumDepth` (AND/OR chains are loops, not recursion).
 ///
 ///     predicate  := or
 ///     or         := and (("OR" | "||") and)*
@@ -11,8 +12,15 @@
 ///     value      := string | number | YES | NO | TRUE | FALSE | NIL | NULL
 ///                 | CAST(string | number, "NSDate") | DATE(string | number)
 struct Parser {
+    /// How deeply parentheses and NOTs may nest: the parser recurses once per
+    /// level, and so does everything that walks the tree. A client of the
+    /// daemon sends any text it likes; none may exhaust a thread's stack.
+    static let maximumDepth = 100
+
     private var tokens: [Token]
     private var position = 0
+    /// Parentheses and NOTs open at the current token.
+    private var depth = 0
 
     private static let reservedWords: Set<String> = [
         "AND", "OR", "NOT", "TRUEPREDICATE", "FALSEPREDICATE", "LIKE", "BEGINSWITH", "ENDSWITH",
@@ -94,37 +102,43 @@ struct Parser {
     // MARK: Boolean structure
 
     private mutating func parseOr() throws(QueryError) -> Predicate {
-        var left = try parseAnd()
+        var operands = [try parseAnd()]
         while isKeyword(current, "OR") || isSymbol(current, "||") {
             _ = advance()
-            left = .or(left, try parseAnd())
+            operands.append(try parseAnd())
         }
-        return left
+        return operands.count == 1 ? operands[0] : .or(operands)
     }
 
     private mutating func parseAnd() throws(QueryError) -> Predicate {
-        var left = try parseNot()
+        var operands = [try parseNot()]
         while isKeyword(current, "AND") || isSymbol(current, "&&") {
             _ = advance()
-            left = .and(left, try parseNot())
+            operands.append(try parseNot())
         }
-        return left
+        return operands.count == 1 ? operands[0] : .and(operands)
     }
 
+    /// NOTs are counted in a loop (no recursion), each one a level of depth.
     private mutating func parseNot() throws(QueryError) -> Predicate {
-        if isKeyword(current, "NOT") || isSymbol(current, "!") {
-            _ = advance()
-            return .not(try parseNot())
+        var negations = 0
+        while isKeyword(current, "NOT") || isSymbol(current, "!") {
+            try enter(advance())
+            negations += 1
         }
-        return try parsePrimary()
+        var predicate = try parsePrimary()
+        for _ in 0..<negations { predicate = .not(predicate) }
+        depth -= negations
+        return predicate
     }
 
     private mutating func parsePrimary() throws(QueryError) -> Predicate {
         let token = current
         if isSymbol(token, "(") {
-            _ = advance()
+            try enter(advance())
             let inner = try parseOr()
             _ = try expectSymbol(")", "expected ')' to close the '(' at column \(token.column)")
+            depth -= 1
             return inner
         }
         if isKeyword(token, "TRUEPREDICATE") {
@@ -136,6 +150,15 @@ struct Parser {
             return .constant(false)
         }
         return .comparison(try parseComparison())
+    }
+
+    /// One more level of parentheses or NOT, at `token`; refused past `maximumDepth`.
+    private mutating func enter(_ token: Token) throws(QueryError) {
+        depth += 1
+        if depth > Self.maximumDepth {
+            throw QueryError(.syntax, "the predicate nests more than \(Self.maximumDepth) levels of parentheses and NOT",
+                             column: token.column)
+        }
     }
 
     // MARK: Comparisons

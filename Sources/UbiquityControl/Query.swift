@@ -57,9 +57,8 @@ public struct Query: Sendable {
             switch p {
             case .constant: break
             case .not(let inner): collect(inner, into: &names)
-            case .and(let l, let r), .or(let l, let r):
-                collect(l, into: &names)
-                collect(r, into: &names)
+            case .and(let operands), .or(let operands):
+                for operand in operands { collect(operand, into: &names) }
             case .comparison(let c): names.insert(c.attribute.name)
             }
         }

@@ -1,9 +1,14 @@
 /// The parsed, type-checked form of a predicate.
+///
+/// `AND` and `OR` chains are flat lists (two or more operands), so the tree is
+/// only as deep as the predicate's parentheses and `NOT`s, which the parser
+/// bounds (`Parser.maximumDepth`): a long chain costs no depth, and nothing
+/// that walks the tree recurses more than that.
 indirect enum Predicate: Equatable, Sendable {
     case constant(Bool)
     case not(Predicate)
-    case and(Predicate, Predicate)
-    case or(Predicate, Predicate)
+    case and([Predicate])
+    case or([Predicate])
     case comparison(Comparison)
 }
 

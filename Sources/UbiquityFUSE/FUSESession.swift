@@ -43,6 +43,8 @@ public final class FUSESession: @unchecked Sendable {
     }
 
     /// Create the session and mount it. `options` are `-o` mount options.
+    /// A refusal says why: what libfuse and fusermount3 wrote about it (they
+    /// write to stderr, which in the daemon is its log) becomes the message.
     public func mount(options: [String]) throws {
         var ops = makeOperations()
         var arguments = ["ubiquityfs"]
@@ -52,14 +54,74 @@ public final class FUSESession: @unchecked Sendable {
         var args = ubq_args_init(Int32(cStrings.count), &cStrings)
         defer { fuse_opt_free_args(&args) }
         let userdata = Unmanaged.passUnretained(context).toOpaque()
-        guard let se = fuse_session_new(&args, &ops, MemoryLayout<fuse_lowlevel_ops>.size, userdata) else {
-            throw UbiquityError(EINVAL, "invalid FUSE options: \(options.joined(separator: ","))")
+        var se: OpaquePointer?
+        var mounted = false
+        let said = Self.capturingStderr {
+            se = fuse_session_new(&args, &ops, MemoryLayout<fuse_lowlevel_ops>.size, userdata)
+            if let se { mounted = fuse_session_mount(se, mountpoint) == 0 }
         }
-        guard fuse_session_mount(se, mountpoint) == 0 else {
+        let reason = said.split(separator: "\n").map { $0.trimmingCharacters(in: .whitespaces) }.filter { !$0.isEmpty }
+            .joined(separator: "; ")
+        guard let se else {
+            throw UbiquityError(EINVAL, "invalid FUSE options \(options.joined(separator: ","))\(reason.isEmpty ? "" : ": \(reason)")")
+        }
+        guard mounted else {
             fuse_session_destroy(se)
-            throw UbiquityError(EIO, "could not mount FUSE at \(mountpoint) (is /dev/fuse available and fusermount3 installed?)")
+            throw Self.mountError(mountpoint, reason: reason)
         }
         state.withLock { $0 = State(session: se, mounted: true) }
+    }
+
+    /// Why a mount failed, from what libfuse or fusermount3 said, with what
+    /// to do about the usual causes of an ordinary user's failure.
+    static func mountError(_ mountpoint: String, reason: String) -> UbiquityError {
+        var hint = ""
+        if reason.contains("/dev/fuse") && (reason.contains("ermission denied") || reason.contains("not permitted")) {
+            hint = " (an ordinary user needs read and write access to /dev/fuse, normally mode 0666)"
+        } else if reason.contains("device not found") {
+            hint = " (the kernel has no FUSE: modprobe fuse)"
+        } else if reason.contains("fusermount3") && reason.contains("No such file") {
+            hint = " (ordinary users mount through fusermount3: install fuse3)"
+        }
+        if reason.isEmpty {
+            return UbiquityError(EIO, "could not mount FUSE at \(mountpoint) (libfuse gave no reason)")
+        }
+        return UbiquityError(EIO, "could not mount FUSE at \(mountpoint): \(reason)\(hint)")
+    }
+
+    /// Run `body` with stderr (fd 2) sent to a pipe; returns what was written
+    /// there meanwhile (up to the pipe's 64 KiB), and puts stderr back.
+    /// Mounting is rare and short, so other threads' stderr lines in that
+    /// window (the log goes to its own descriptor) are an acceptable loss.
+    static func capturingStderr(_ body: () -> Void) -> String {
+        var fds: [Int32] = [0, 0]
+        let saved = dup(STDERR_FILENO)
+        guard saved >= 0, pipe(&fds) == 0 else {
+            if saved >= 0 { Glibc.close(saved) }
+            body()
+            return ""
+        }
+        for fd in fds {
+            _ = fcntl(fd, F_SETFD, FD_CLOEXEC)
+            _ = fcntl(fd, F_SETFL, O_NONBLOCK)   // never wait for a child that keeps it open
+        }
+        fflush(nil)
+        dup2(fds[1], STDERR_FILENO)
+        Glibc.close(fds[1])
+        body()
+        fflush(nil)
+        dup2(saved, STDERR_FILENO)
+        Glibc.close(saved)
+        var output = Data()
+        var buffer = [UInt8](repeating: 0, count: 4096)
+        while true {
+            let n = read(fds[0], &buffer, buffer.count)
+            if n <= 0 { break }
+            output.append(contentsOf: buffer[0..<n])
+        }
+        Glibc.close(fds[0])
+        if !output.isEmpty { FileHandle.standardError.write(output) }   // the log keeps it too
+        return String(decoding: output, as: UTF8.self)
     }
 
     /// Serve requests until unmounted or stopped. Returns libfuse's status.
@@ -166,26 +228,79 @@ public enum Unmounter {
 
 /// The mounts of this process's namespace, from /proc/self/mountinfo.
 public enum MountTable {
-    public static func entries() -> [(mountpoint: String, type: String)] {
-        guard let text = try? String(contentsOfFile: "/proc/self/mountinfo", encoding: .utf8) else { return [] }
-        return text.split(separator: "\n").compactMap { line in
-            // "ID PARENT MAJ:MIN ROOT MOUNTPOINT OPTIONS [TAGS…] - TYPE SOURCE SUPEROPTS"
-            let halves = line.components(separatedBy: " - ")
-            let fields = halves[0].split(separator: " ")
-            guard halves.count == 2, fields.count > 4, let type = halves[1].split(separator: " ").first else { return nil }
-            return (unescape(String(fields[4])), String(type))
+    /// One line of the table.
+    public struct Entry: Sendable, Equatable {
+        public var mountpoint: String
+        /// `fuse.ubiquityfs` for ours.
+        public var type: String
+        /// The mount's source (`fsname`): `ubiquityfs:PID` for ours.
+        public var source: String
+
+        /// The pid of the daemon serving a ubiquityfs mount, from its source
+        /// (`ubiquityfs:PID`); nil for other mounts and for mounts made by
+        /// versions that did not record it.
+        public var daemonPID: pid_t? {
+            guard type == MountTable.ubiquityType, source.hasPrefix(MountTable.sourcePrefix) else { return nil }
+            return pid_t(source.dropFirst(MountTable.sourcePrefix.count))
         }
     }
 
-    /// Mountpoints of ubiquityfs mounts.
-    public static func ubiquityMounts() -> [String] {
-        entries().filter { $0.type == "fuse.ubiquityfs" }.map(\.mountpoint)
+    /// The filesystem type of ubiquityfs mounts (`subtype=ubiquityfs`).
+    public static let ubiquityType = "fuse.ubiquityfs"
+    /// How the source of a ubiquityfs mount starts; the daemon's pid follows.
+    public static let sourcePrefix = "ubiquityfs:"
+
+    /// The `fsname` a daemon gives its mounts: names the daemon (its pid),
+    /// so that any command can tell whose mount it is.
+    public static func source(daemonPID: pid_t) -> String { sourcePrefix + String(daemonPID) }
+
+    /// Every mount, in mount order (a later entry at the same mountpoint is
+    /// stacked on an earlier one). The table is read whole: on a desktop with
+    /// snaps and containers it is far longer than one page.
+    public static func entries() -> [Entry] {
+        guard let data = try? LinuxCalls.readWhole("/proc/self/mountinfo") else { return [] }
+        return parse(String(decoding: data, as: UTF8.self))
     }
 
-    static func unescape(_ s: String) -> String {
-        s.replacingOccurrences(of: "\\040", with: " ").replacingOccurrences(of: "\\011", with: "\t")
-            .replacingOccurrences(of: "\\012", with: "\n").replacingOccurrences(of: "\\134", with: "\\")
+    /// Lines of `mountinfo`: "ID PARENT MAJ:MIN ROOT MOUNTPOINT OPTIONS [TAGS…] - TYPE SOURCE SUPEROPTS".
+    public static func parse(_ text: String) -> [Entry] {
+        text.split(separator: "\n").compactMap { line in
+            let halves = line.components(separatedBy: " - ")
+            let fields = halves[0].split(separator: " ")
+            guard halves.count == 2, fields.count > 4 else { return nil }
+            let tail = halves[1].split(separator: " ")
+            guard tail.count >= 2 else { return nil }
+            return Entry(mountpoint: unescape(fields[4]), type: unescape(tail[0]), source: unescape(tail[1]))
+        }
+    }
+
+    /// The mount at `path` (the topmost, if several are stacked), or nil.
+    public static func entry(at path: String) -> Entry? {
+        entries().last { $0.mountpoint == path }
+    }
+
+    /// Every ubiquityfs mount.
+    public static func ubiquityMounts() -> [Entry] {
+        entries().filter { $0.type == ubiquityType }
+    }
+
+    /// The kernel writes space, tab, newline and backslash (and any other
+    /// awkward byte) as a backslash and three octal digits.
+    static func unescape(_ field: Substring) -> String {
+        guard field.contains("\\") else { return String(field) }
+        var bytes: [UInt8] = []
+        let utf8 = Array(field.utf8)
+        var i = 0
+        while i < utf8.count {
+            if utf8[i] == UInt8(ascii: "\\"), i + 3 < utf8.count,
+               let value = UInt8(String(decoding: utf8[(i + 1)...(i + 3)], as: UTF8.self), radix: 8) {
+                bytes.append(value)
+                i += 4
+            } else {
+                bytes.append(utf8[i])
+                i += 1
+            }
+        }
+        return String(decoding: bytes, as: UTF8.self)
     }
 }
-
-

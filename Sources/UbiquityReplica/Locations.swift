@@ -30,12 +30,60 @@ public struct Locations: Sendable {
         dataHome.appendingPathComponent("replicas").appendingPathComponent(storeID).appendingPathComponent(container)
     }
 
-    /// `$XDG_RUNTIME_DIR/ubiquityfs`, or a private folder in /tmp when it is unset.
+    /// `$XDG_RUNTIME_DIR/ubiquityfs`, or `/tmp/ubiquityfs-UID` when it is
+    /// unset. Not checked here: `prepareRuntimeDirectory` does that before use.
     static func runtimeDirectory(_ env: [String: String]) -> URL {
         if let dir = env["XDG_RUNTIME_DIR"], dir.hasPrefix("/"), access(dir, W_OK) == 0 {
             return URL(fileURLWithPath: dir).appendingPathComponent("ubiquityfs")
         }
         return URL(fileURLWithPath: "/tmp/ubiquityfs-\(getuid())")
+    }
+
+    /// The runtime directory, created owner-only if missing. One that exists
+    /// must be a real directory (not a symlink) owned by this user with no
+    /// access for group or others — as ssh-agent and systemd require: the
+    /// /tmp fallback has a name anyone can guess, and whoever owns the
+    /// directory could put a fake daemon's socket in it.
+    @discardableResult
+    public func prepareRuntimeDirectory() throws -> URL {
+        let path = runtimeDirectory.path
+        if mkdir(path, 0o700) != 0 && errno != EEXIST {
+            throw UbiquityError.posix("create the runtime directory \(path)")
+        }
+        var st = stat()
+        guard lstat(path, &st) == 0 else { throw UbiquityError.posix("runtime directory \(path)") }
+        let advice = "remove it, or set XDG_RUNTIME_DIR to a directory of your own"
+        guard (st.st_mode & S_IFMT) == S_IFDIR else {
+            throw UbiquityError(EPERM, "refusing the runtime directory \(path): it is not a directory (a symlink?); \(advice)")
+        }
+        guard st.st_uid == geteuid() else {
+            throw UbiquityError(EPERM, "refusing the runtime directory \(path): it belongs to uid \(st.st_uid), not to you (uid \(geteuid())), so its sockets cannot be trusted; \(advice)")
+        }
+        guard st.st_mode & 0o077 == 0 else {
+            throw UbiquityError(EPERM, "refusing the runtime directory \(path): its mode is \(String(st.st_mode & 0o7777, radix: 8)), others may reach or replace its sockets; make it 0700 (chmod 700 \(path)) or \(advice)")
+        }
+        return runtimeDirectory
+    }
+
+    /// The data home (`…/ubiquityfs`), created if missing and made owner-only:
+    /// it holds every replica (names and content of the user's files).
+    public func prepareDataHome() throws {
+        do {
+            try FileManager.default.createDirectory(at: dataHome, withIntermediateDirectories: true)
+        } catch {
+            throw UbiquityError(EACCES, "cannot create \(dataHome.path): \(error.localizedDescription)")
+        }
+        var st = stat()
+        if stat(dataHome.path, &st) == 0, st.st_uid == geteuid(), st.st_mode & 0o077 != 0 {
+            chmod(dataHome.path, 0o700)
+        }
+    }
+
+    /// Where this device records the daemon of its mount at `mountpoint`
+    /// (see `MountRecord`).
+    public func mountRecord(mountpoint: String) -> URL {
+        let name = ContentCopy.hash(of: Data(mountpoint.utf8)).prefix(24)
+        return dataHome.appendingPathComponent("mounts").appendingPathComponent("\(name).json")
     }
 
     /// The socket of the daemon serving this device's mounts of the store at

@@ -43,6 +43,8 @@ public final class Replica: Sendable {
 
     /// Open (creating if needed) the replica in `directory` and take its
     /// lock: a second daemon on the same replica is refused with `EBUSY`.
+    /// The replica is its owner's only (folders 0700, index 0600) whatever
+    /// the umask: it holds every name and the downloaded content.
     public init(directory: URL, rootOwner: (uid: UInt32, gid: UInt32)) throws {
         self.directory = directory
         cacheDirectory = directory.appendingPathComponent("cache")
@@ -52,6 +54,7 @@ public final class Replica: Sendable {
         } catch {
             throw UbiquityError(EACCES, "cannot create replica \(directory.path): \(error.localizedDescription)")
         }
+        Self.makePrivate(directory.path, mode: 0o700)
         let lockPath = directory.appendingPathComponent("lock").path
         let lockFD = try syscallRetrying("open \(lockPath)") { open(lockPath, O_RDWR | O_CREAT | O_CLOEXEC, 0o600) }
         self.lockFD = lockFD
@@ -67,10 +70,13 @@ public final class Replica: Sendable {
         _ = pid.withCString { pwrite(lockFD, $0, strlen($0), 0) }
 
         try? fm.createDirectory(at: cacheDirectory, withIntermediateDirectories: true)
+        Self.makePrivate(cacheDirectory.path, mode: 0o700)
 
         do {
             reserve = try SpaceReserve(path: directory.appendingPathComponent("reserve").path)
-            index = try Index(path: directory.appendingPathComponent("index.sqlite").path)
+            let indexPath = directory.appendingPathComponent("index.sqlite").path
+            index = try Index(path: indexPath)
+            for suffix in ["", "-wal", "-shm"] { Self.makePrivate(indexPath + suffix, mode: 0o600) }
             var ns = try index.load()
             Self.recover(&ns, cacheDirectory: cacheDirectory, rootOwner: rootOwner)
             Self.removeOrphanedCacheFiles(ns, cacheDirectory: cacheDirectory)
@@ -84,6 +90,12 @@ public final class Replica: Sendable {
 
     deinit {
         releaseLock()
+    }
+
+    /// Take group and other permissions away from `path` (if it is ours).
+    static func makePrivate(_ path: String, mode: mode_t) {
+        var st = stat()
+        if stat(path, &st) == 0, st.st_uid == geteuid(), st.st_mode & 0o077 != 0 { chmod(path, mode) }
     }
 
     /// Let another daemon open this replica (the daemon is done with it).

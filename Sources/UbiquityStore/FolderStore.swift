@@ -1,4 +1,5 @@
 import Foundation
+import Synchronization
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -13,6 +14,11 @@ import Glibc
 /// STORE/blobs/AB/SHA256                immutable content, AB = first two hex digits
 /// STORE/tmp/                           staging for atomic publication
 /// ```
+/// Everything in it is owner-only (folders 0700, files 0600) whatever the
+/// umask: blobs are the users' file content and the journal names every file.
+/// A *shared* store (made with `shared`, recorded in the marker so every
+/// device follows it) is for a group of users instead: folders 0770 (keeping
+/// the set-gid bit they inherit), files 0640.
 /// Journal records are published by `link(2)` of a fully written temporary
 /// file, which fails with `EEXIST` if the sequence number is taken: readers
 /// never see a partial record and two devices never both win.
@@ -23,10 +29,20 @@ public final class FolderStore: Store {
     struct Marker: Codable {
         var format: Int
         var storeID: String
+        /// Made for a group of users (absent: private).
+        var shared: Bool?
     }
 
     public let root: URL
     public let storeID: String
+    /// Whether the store is shared by a group (see the type's notes): from
+    /// the marker, read again whenever reachability is checked (a store
+    /// unreachable at start learns it when it comes back).
+    public var shared: Bool { sharedFlag.load(ordering: .relaxed) }
+    let sharedFlag: Atomic<Bool>
+    /// Permissions of what the store creates.
+    var directoryMode: mode_t { shared ? 0o770 : 0o700 }
+    var fileMode: mode_t { shared ? 0o640 : 0o600 }
 
     /// Open the store at `root`.
     ///
@@ -34,8 +50,9 @@ public final class FolderStore: Store {
     /// store). An existing empty folder becomes a new store only when
     /// `initializeEmpty` is set — a replica that already knows this store
     /// must see an empty folder as "unreachable", never as "everything was
-    /// deleted".
-    public init(root: URL, create: Bool, initializeEmpty: Bool) throws {
+    /// deleted". `shared`: a new store is made for a group of users; an
+    /// existing private store is then refused (the marker decides).
+    public init(root: URL, create: Bool, initializeEmpty: Bool, shared: Bool = false) throws {
         self.root = root.standardizedFileURL
         let fm = FileManager.default
         let markerURL = self.root.appendingPathComponent(Self.markerName)
@@ -58,6 +75,11 @@ public final class FolderStore: Store {
                 throw UbiquityError(EPROTONOSUPPORT, "store \(self.root.path) has format \(marker.format); this ubiquityfs reads format \(Self.formatVersion) — upgrade it")
             }
             storeID = marker.storeID
+            sharedFlag = Atomic(marker.shared ?? false)
+            if shared && !self.shared {
+                throw UbiquityError(EPERM, "store \(self.root.path) is private (made without --shared-store); its files are its owner's only")
+            }
+            if !self.shared { Self.makePrivate(self.root) }
         } else {
             guard access(self.root.path, R_OK) == 0 else {
                 throw UbiquityError(EACCES, "store \(self.root.path) is not readable")
@@ -70,14 +92,48 @@ public final class FolderStore: Store {
                 throw UbiquityError(ENOENT, "store \(self.root.path) is empty: it is not reachable (no \(Self.markerName))")
             }
             storeID = UUID().uuidString.lowercased()
+            sharedFlag = Atomic(shared)
             try Self.ensureWritable(self.root)
-            let marker = try JSONEncoder().encode(Marker(format: Self.formatVersion, storeID: storeID))
-            try Self.publish(marker, at: markerURL, tmpDir: self.root, exclusive: true)
+            // A new private store: its folder is its owner's only.
+            if !shared { chmod(self.root.path, 0o700) }
+            let marker = try JSONEncoder().encode(Marker(format: Self.formatVersion, storeID: storeID, shared: shared ? true : nil))
+            try Self.publish(marker, at: markerURL, tmpDir: self.root, exclusive: true, mode: shared ? 0o644 : 0o600)
         }
         try Self.ensureWritable(self.root)
         for dir in ["containers", "blobs", "tmp"] {
-            try? fm.createDirectory(at: self.root.appendingPathComponent(dir), withIntermediateDirectories: true)
+            try? makeDirectory(self.root.appendingPathComponent(dir))
         }
+    }
+
+    /// Stores made before permissions were enforced have world-readable
+    /// folders: close the three top folders (the rest is only reached
+    /// through them). Only the owner can; nothing else is changed.
+    static func makePrivate(_ root: URL) {
+        for dir in ["containers", "blobs", "tmp"] {
+            let path = root.appendingPathComponent(dir).path
+            var st = stat()
+            if lstat(path, &st) == 0, (st.st_mode & S_IFMT) == S_IFDIR, st.st_uid == geteuid(), st.st_mode & 0o077 != 0 {
+                chmod(path, 0o700)
+            }
+        }
+    }
+
+    /// Create `url` and any missing folders above it (below the store's
+    /// root) with the store's folder mode, whatever the umask.
+    func makeDirectory(_ url: URL) throws {
+        var st = stat()
+        if stat(url.path, &st) == 0 { return }
+        let parent = url.deletingLastPathComponent()
+        if parent.path.count > root.path.count { try makeDirectory(parent) }
+        guard mkdir(url.path, directoryMode) == 0 else {
+            if errno == EEXIST { return }
+            let code = errno
+            if code == ENOENT { throw UbiquityError(EHOSTDOWN, "store folder \(parent.path) vanished") }
+            throw UbiquityError(code, "create \(url.path): \(String(cString: strerror(code)))")
+        }
+        // The umask may have taken bits away; a set-gid bit inherited from the
+        // parent (a shared store's group) is kept.
+        if stat(url.path, &st) == 0 { chmod(url.path, directoryMode | (st.st_mode & S_ISGID)) }
     }
 
     /// A store this device knows (`storeID`) whose folder is not reachable
@@ -86,6 +142,7 @@ public final class FolderStore: Store {
     public init(unreachableAt root: URL, storeID: String) {
         self.root = root.standardizedFileURL
         self.storeID = storeID
+        sharedFlag = Atomic(false)
     }
 
     static func ensureWritable(_ root: URL) throws {
@@ -97,8 +154,9 @@ public final class FolderStore: Store {
     /// Whether `root` currently looks like this store (the marker decides).
     public var isReachable: Bool {
         guard let data = FileManager.default.contents(atPath: root.appendingPathComponent(Self.markerName).path),
-              let marker = try? JSONDecoder().decode(Marker.self, from: data) else { return false }
-        return marker.storeID == storeID
+              let marker = try? JSONDecoder().decode(Marker.self, from: data), marker.storeID == storeID else { return false }
+        sharedFlag.store(marker.shared ?? false, ordering: .relaxed)
+        return true
     }
 
     func containerDir(_ id: String) -> URL { root.appendingPathComponent("containers").appendingPathComponent(id) }
@@ -133,10 +191,10 @@ public final class FolderStore: Store {
         try config.validate()
         try checkReachable()
         let dir = containerDir(config.id)
-        try FileManager.default.createDirectory(at: dir.appendingPathComponent("journal"), withIntermediateDirectories: true)
+        try makeDirectory(dir.appendingPathComponent("journal"))
         do {
             try Self.publish(try Self.encode(config), at: dir.appendingPathComponent("container.json"),
-                             tmpDir: root.appendingPathComponent("tmp"), exclusive: true)
+                             tmpDir: root.appendingPathComponent("tmp"), exclusive: true, mode: fileMode)
         } catch let error as UbiquityError where error.errno == EEXIST {
             throw UbiquityError(EEXIST, "container \(config.id) already exists")
         }
@@ -146,7 +204,7 @@ public final class FolderStore: Store {
         try config.validate()
         guard try containerConfig(config.id) != nil else { throw UbiquityError(ENOENT, "no container \(config.id)") }
         try Self.publish(try Self.encode(config), at: containerDir(config.id).appendingPathComponent("container.json"),
-                         tmpDir: root.appendingPathComponent("tmp"), exclusive: false)
+                         tmpDir: root.appendingPathComponent("tmp"), exclusive: false, mode: fileMode)
     }
 
     public func containers() throws -> ContainerListing {
@@ -173,7 +231,7 @@ public final class FolderStore: Store {
         try checkReachable()
         let data = try JSONEncoder().encode(changeSet)
         do {
-            try Self.publish(data, at: journalURL(container, seq), tmpDir: root.appendingPathComponent("tmp"), exclusive: true)
+            try Self.publish(data, at: journalURL(container, seq), tmpDir: root.appendingPathComponent("tmp"), exclusive: true, mode: fileMode)
             return true
         } catch let error as UbiquityError where error.errno == EEXIST {
             return false
@@ -216,17 +274,17 @@ public final class FolderStore: Store {
         if let size = try blobSize(hash) {
             if size == UInt64(data.count) { return }
             // Cut short or damaged: replace it (rename over it; readers keep what they opened).
-            try Self.publish(data, at: destination, tmpDir: root.appendingPathComponent("tmp"), exclusive: false, sync: false)
+            try Self.publish(data, at: destination, tmpDir: root.appendingPathComponent("tmp"), exclusive: false, sync: false, mode: fileMode)
             return
         }
         do {
-            try Self.publish(data, at: destination, tmpDir: root.appendingPathComponent("tmp"), exclusive: true, sync: false)
+            try Self.publish(data, at: destination, tmpDir: root.appendingPathComponent("tmp"), exclusive: true, sync: false, mode: fileMode)
         } catch let error as UbiquityError where error.errno == EEXIST {
             return
         } catch let error as UbiquityError where error.errno == ENOENT || error.errno == EHOSTDOWN {
-            try FileManager.default.createDirectory(at: destination.deletingLastPathComponent(), withIntermediateDirectories: true)
+            try makeDirectory(destination.deletingLastPathComponent())
             do {
-                try Self.publish(data, at: destination, tmpDir: root.appendingPathComponent("tmp"), exclusive: true, sync: false)
+                try Self.publish(data, at: destination, tmpDir: root.appendingPathComponent("tmp"), exclusive: true, sync: false, mode: fileMode)
             } catch let error as UbiquityError where error.errno == EEXIST {}
         }
     }
@@ -269,11 +327,13 @@ public final class FolderStore: Store {
 
     /// Write `data` to a temporary file, fsync it, then publish it at `url`:
     /// with `link(2)` when `exclusive` (fails with EEXIST), else `rename(2)`.
-    static func publish(_ data: Data, at url: URL, tmpDir: URL, exclusive: Bool, sync: Bool = true) throws {
+    /// The file gets `mode` exactly (the umask does not apply).
+    static func publish(_ data: Data, at url: URL, tmpDir: URL, exclusive: Bool, sync: Bool = true, mode: mode_t) throws {
         let tmp = tmpDir.appendingPathComponent(".tmp-\(UUID().uuidString)")
-        let fd = try syscallRetrying("create \(tmp.path)") { open(tmp.path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0o644) }
+        let fd = try syscallRetrying("create \(tmp.path)") { open(tmp.path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, mode) }
         defer { unlink(tmp.path) }
         do {
+            try syscallRetrying("chmod \(tmp.path)") { fchmod(fd, mode) }
             try data.withUnsafeBytes { raw in
                 var written = 0
                 while written < raw.count {

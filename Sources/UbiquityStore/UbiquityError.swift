@@ -65,6 +65,21 @@ public enum LinuxCalls {
     /// Limit glibc's malloc arenas (threads otherwise each grow their own heap).
     public static func limitMallocArenas(_ count: Int32) { _ = ubq_limit_malloc_arenas(count) }
 
+    /// The whole content of `path`, read until end of file. For /proc files,
+    /// whose size says 0 and which come a page per read: one read, or a
+    /// read of the size `stat` reports, would stop at 4 KiB.
+    public static func readWhole(_ path: String) throws -> Data {
+        let fd = try syscallRetrying("open \(path)") { open(path, O_RDONLY | O_CLOEXEC) }
+        defer { close(fd) }
+        var data = Data()
+        var buffer = [UInt8](repeating: 0, count: 65536)
+        while true {
+            let n = try syscallRetrying("read \(path)") { read(fd, &buffer, buffer.count) }
+            if n == 0 { return data }
+            data.append(contentsOf: buffer[0..<n])
+        }
+    }
+
     /// Give memory freed by a large operation back to the system.
     public static func releaseFreeMemory() { _ = ubq_malloc_trim() }
 

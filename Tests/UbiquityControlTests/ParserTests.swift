@@ -187,21 +187,50 @@ private func parseError(_ text: String) -> QueryError? {
         let a = cmp("name", .equal, .string("a"))
         let b = cmp("size", .greater, .number(1))
         let c = cmp("isDirectory", .equal, .bool(true))
-        #expect(tree("name == 'a' OR size > 1 AND isDirectory == YES") == .or(a, .and(b, c)))
-        #expect(tree("name == 'a' AND size > 1 OR isDirectory == YES") == .or(.and(a, b), c))
-        #expect(tree("(name == 'a' OR size > 1) AND isDirectory == YES") == .and(.or(a, b), c))
-        #expect(tree("NOT name == 'a' AND size > 1") == .and(.not(a), b))
-        #expect(tree("NOT (name == 'a' AND size > 1)") == .not(.and(a, b)))
-        #expect(tree("!name == 'a' || size > 1 && isDirectory == YES") == .or(.not(a), .and(b, c)))
+        #expect(tree("name == 'a' OR size > 1 AND isDirectory == YES") == .or([a, .and([b, c])]))
+        #expect(tree("name == 'a' AND size > 1 OR isDirectory == YES") == .or([.and([a, b]), c]))
+        #expect(tree("(name == 'a' OR size > 1) AND isDirectory == YES") == .and([.or([a, b]), c]))
+        #expect(tree("NOT name == 'a' AND size > 1") == .and([.not(a), b]))
+        #expect(tree("NOT (name == 'a' AND size > 1)") == .not(.and([a, b])))
+        #expect(tree("!name == 'a' || size > 1 && isDirectory == YES") == .or([.not(a), .and([b, c])]))
         #expect(tree("not not name == 'a'") == .not(.not(a)))
-        #expect(tree("name == 'a' and size > 1 or isDirectory == YES") == .or(.and(a, b), c))
-        #expect(tree("name == 'a' OR size > 1 OR isDirectory == YES") == .or(.or(a, b), c))
-        #expect(tree("name == 'a' AND size > 1 AND isDirectory == YES") == .and(.and(a, b), c))
+        #expect(tree("name == 'a' and size > 1 or isDirectory == YES") == .or([.and([a, b]), c]))
+        #expect(tree("name == 'a' OR size > 1 OR isDirectory == YES") == .or([a, b, c]))
+        #expect(tree("name == 'a' AND size > 1 AND isDirectory == YES") == .and([a, b, c]))
         #expect(tree("((((name == 'a'))))") == a)
         #expect(tree("  name=='a'  ") == a)
         #expect(tree("TRUEPREDICATE") == .constant(true))
-        #expect(tree("falsepredicate OR TRUEPREDICATE") == .or(.constant(false), .constant(true)))
+        #expect(tree("falsepredicate OR TRUEPREDICATE") == .or([.constant(false), .constant(true)]))
         #expect(tree("NOT TRUEPREDICATE") == .not(.constant(true)))
+    }
+
+    /// Nesting is bounded (the parser and everything walking the tree recurse
+    /// once per level); chains are not, and cost no depth.
+    @Test func nestingIsBoundedAndChainsAreFlat() throws {
+        let limit = Parser.maximumDepth
+        let deepest = String(repeating: "(", count: limit) + "size > 1" + String(repeating: ")", count: limit)
+        #expect(tree(deepest) == cmp("size", .greater, .number(1)))
+        for text in [String(repeating: "(", count: limit + 1) + "size > 1" + String(repeating: ")", count: limit + 1),
+                     String(repeating: "(", count: 15_000) + "TRUEPREDICATE" + String(repeating: ")", count: 15_000),
+                     String(repeating: "(", count: 200_000),
+                     String(repeating: "NOT ", count: limit + 1) + "TRUEPREDICATE",
+                     String(repeating: "!(", count: 60) + "TRUEPREDICATE" + String(repeating: ")", count: 60)] {
+            let error = try #require(parseError(text))
+            #expect(error.kind == .syntax)
+            #expect(error.message.contains("nests more than \(limit) levels"), "\(error)")
+        }
+        #expect(tree(String(repeating: "NOT ", count: limit) + "TRUEPREDICATE") != nil)
+        // 50,000 operands in one chain: one flat node, matched without recursion.
+        let chain = Array(repeating: "size > 1", count: 50_000).joined(separator: " AND ") + " OR name == 'x'"
+        let query = try Query(predicate: chain)
+        guard case .or(let operands) = query.tree, case .and(let conjuncts) = operands[0] else {
+            Issue.record("expected OR of an AND chain")
+            return
+        }
+        #expect(conjuncts.count == 50_000)
+        #expect(query.matches(MetadataItem(values: ["size": .number(2), "name": .string("y")])))
+        #expect(!query.matches(MetadataItem(values: ["size": .number(0), "name": .string("y")])))
+        #expect(try Query(predicate: query.normalizedPredicate).tree == query.tree)
     }
 
     @Test func canonicalFormParsesToTheSameTree() throws {

@@ -199,6 +199,47 @@ import Glibc
         #expect(throws: UbiquityError.self) { _ = try FolderStore(root: root, create: false, initializeEmpty: true) }
     }
 
+    /// A private store is its owner's only whatever the umask; a shared one
+    /// is its group's (folders 0770 keeping the inherited set-gid bit, files
+    /// 0640); a private store refuses to be opened as shared.
+    @Test func storeFilesAreOwnerOnlyUnlessShared() throws {
+        func modes(_ root: URL) -> [String: mode_t] {
+            var out: [String: mode_t] = [:]
+            let paths = [""] + (FileManager.default.subpaths(atPath: root.path) ?? [])
+            for path in paths {
+                var st = stat()
+                lstat(root.appendingPathComponent(path).path, &st)
+                out[path] = st.st_mode & 0o7777
+            }
+            return out
+        }
+        let hash = ContentCopy.hash(of: Data("content".utf8))
+        let set = ChangeSet(device: "d", deviceName: "d", changes: [.entry(parent: .root, name: "n", child: nil)])
+        for shared in [false, true] {
+            let root = temp()
+            defer { try? FileManager.default.removeItem(at: root) }
+            try FileManager.default.createDirectory(at: root, withIntermediateDirectories: true)
+            if shared { chmod(root.path, 0o2770) }
+            let store = try FolderStore(root: root, create: false, initializeEmpty: true, shared: shared)
+            #expect(store.shared == shared)
+            try store.createContainer(ContainerConfig(id: "com.example.a", displayName: "A"))
+            #expect(try store.commit(container: "com.example.a", seq: 1, changeSet: set))
+            try store.putBlob(hash, data: Data("content".utf8))
+            for (path, mode) in modes(root) {
+                var isDirectory: ObjCBool = false
+                FileManager.default.fileExists(atPath: root.appendingPathComponent(path).path, isDirectory: &isDirectory)
+                let expected: mode_t = isDirectory.boolValue ? (shared ? 0o2770 : 0o700)
+                                                             : (path == FolderStore.markerName && shared ? 0o644 : (shared ? 0o640 : 0o600))
+                #expect(mode == expected, "\(shared ? "shared" : "private") store: \(path) is \(String(mode, radix: 8))")
+            }
+            let reopened = try FolderStore(root: root, create: false, initializeEmpty: false)
+            #expect(reopened.shared == shared)
+            if !shared {
+                #expect(throws: UbiquityError.self) { _ = try FolderStore(root: root, create: false, initializeEmpty: false, shared: true) }
+            }
+        }
+    }
+
     @Test func damagedBlobsAreDetected() throws {
         let root = temp()
         defer { try? FileManager.default.removeItem(at: root) }
