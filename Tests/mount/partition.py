@@ -24,12 +24,16 @@ Then the round is checked:
   carries a unique token) and did not itself supersede afterwards (overwrite,
   unlink, rename over it, on the same device) is in no file of the tree — at
   its path, renamed or in a conflicted copy;
+* lost older content: a content that was in the tree when the round began,
+  and that no device superseded in the round, is in no file any more (e.g. a
+  file moved into a folder that another device deleted);
 * links: a file has `st_nlink` > 1 or two names share an inode (the ops never
   make hard links);
 * op errors: an operation failed with an errno other than the expected
   namespace ones (ENOENT, EEXIST, ENOTEMPTY, ...), e.g. EIO;
 * other: a daemon died, the empty folder was written to, a device never went
-  offline.
+  offline, a name that is neither one the operations make nor a conflicted
+  copy of one.
 
 The state carries over between rounds, so rounds compound.  A seed stops at
 its first failing round (later rounds would only compound it).  Timing is not
@@ -63,9 +67,25 @@ OFFLINE_TIMEOUT = 20.0
 OPS_PER_DEVICE = 12
 BASE_DIRS = ["d0", "d1", "d2"]
 NAMES = [f"f{i}" for i in range(5)]
+# A name the operations make (d0..d4, f0..f4), possibly as a conflicted copy
+# (docs/SEMANTICS.md: "NAME (conflicted copy DEVICE YYYY-MM-DD HHMMSS).EXT"),
+# possibly of a conflicted copy.
+NAME_RE = re.compile(r"^[df]\d( \(conflicted copy [a-c] \d{4}-\d\d-\d\d \d{6}\))*$")
 TOKEN_RE = re.compile(rb"<[a-z]:\d+:\d+:[0-9a-f]{8}>")
 EXPECTED_ERRNOS = {errno.ENOENT, errno.EEXIST, errno.ENOTEMPTY, errno.ENOTDIR, errno.EISDIR, errno.EINVAL}
 LABELS = "abc"
+# Kinds of operation that can be skipped (UBQ_PARTITION_SKIP, --skip): to look
+# past a known bug.  "rmdir": every rmdir; "dir-over": renaming or moving a
+# folder onto an existing folder (which replaces, i.e. deletes, that folder).
+SKIPPABLE = {"rmdir", "dir-over"}
+
+
+def parse_skip(text: str | None) -> frozenset[str]:
+    skip = frozenset(x.strip() for x in (text or "").split(",") if x.strip())
+    unknown = skip - SKIPPABLE
+    if unknown:
+        raise ValueError(f"cannot skip {sorted(unknown)}; skippable: {sorted(SKIPPABLE)}")
+    return skip
 
 
 def env_int(name: str, default: int) -> int:
@@ -284,7 +304,7 @@ class Actor:
                 out.append(os.path.relpath(os.path.join(dirpath, name), self.root))
         return sorted(out)
 
-    def operate(self, rng: random.Random, rnd: int, nesting: bool) -> None:
+    def operate(self, rng: random.Random, rnd: int, nesting: bool, skip: frozenset[str] = frozenset()) -> None:
         found = self.folders()
         top = sorted(set(BASE_DIRS) | {d for d in found if "/" not in d})
         dirs = sorted(set(BASE_DIRS) | set(found))
@@ -335,17 +355,26 @@ class Actor:
             elif op < 93:
                 d = rng.choice(dirs)
                 line = f"rmdir {d}"
+                if "rmdir" in skip:
+                    self.log.append(f"{self.label} skip {line}")
+                    return
                 os.rmdir(self.root / d)
             elif op < 97 and nesting:
                 src = rng.choice(dirs)
                 into = rng.choice(top + [""])
                 dst = f"{into}/{os.path.basename(src)}".lstrip("/")
                 line = f"move-dir {src} -> {dst}"
+                if "dir-over" in skip and src != dst and os.path.isdir(self.root / dst):
+                    self.log.append(f"{self.label} skip {line}")
+                    return
                 os.rename(self.root / src, self.root / dst)
             else:
                 src = rng.choice(top)
                 dst = rng.choice(["d0", "d1", "d2", "d3", "d4"])
                 line = f"rename-dir {src} -> {dst}"
+                if "dir-over" in skip and src != dst and os.path.isdir(self.root / dst):
+                    self.log.append(f"{self.label} skip {line}")
+                    return
                 os.rename(self.root / src, self.root / dst)
             self.log.append(f"{self.label} ok   {line}")
         except OSError as e:
@@ -369,6 +398,8 @@ class RoundResult:
     converge_seconds: float = 0.0
     diverged: bool = False
     lost: dict[str, list[str]] = field(default_factory=dict)
+    lost_old: list[str] = field(default_factory=list)
+    divergence: str = ""
     links: list[str] = field(default_factory=list)
     op_errors: list[str] = field(default_factory=list)
     other: list[str] = field(default_factory=list)
@@ -376,14 +407,17 @@ class RoundResult:
 
     @property
     def ok(self) -> bool:
-        return not (self.diverged or self.lost or self.links or self.op_errors or self.other)
+        return not (self.diverged or self.lost or self.lost_old or self.links or self.op_errors or self.other)
 
     def symptoms(self) -> list[str]:
         out = []
         if self.diverged:
-            out.append("diverged")
+            out.append("diverged: " + self.divergence)
         if self.lost:
             out.append("lost " + ", ".join(f"{k}: {v}" for k, v in sorted(self.lost.items())))
+        if self.lost_old:
+            out.append(f"lost older content (in the tree at the round's start, superseded by no device): "
+                       f"{self.lost_old}")
         if self.links:
             out.append("links " + "; ".join(self.links))
         if self.op_errors:
@@ -397,10 +431,11 @@ class Partition:
     teardown is the caller's); `base` is a scratch directory."""
 
     def __init__(self, make: Callable, base: Path, store: Path, n: int, seed: int,
-                 *, say: Callable[[str], None] = lambda s: None):
+                 *, skip: frozenset[str] = frozenset(), say: Callable[[str], None] = lambda s: None):
         assert n in (2, 3), n
         self.make, self.base, self.store, self.n, self.seed, self.say = make, Path(base), Path(store), n, seed, say
         self.nesting = seed % 2 == 0
+        self.skip = frozenset(skip)
         self.empty = self.base / "unreachable-share"
         self.actors: list[Actor] = []
         self.tree: dict[str, Entry] = {}  # the agreed tree after the last round
@@ -488,6 +523,23 @@ class Partition:
                 problems.append(f"scan failed: {e!r}")
         return problems
 
+    def divergence_summary(self) -> str:
+        """One line: what each device has that the first one lacks, and vice versa."""
+        if not self.trees:
+            return "(no trees)"
+        labels = list(self.trees)
+        first = self.trees[labels[0]]
+        parts = []
+        for label in labels[1:]:
+            other = self.trees[label]
+            lacks = sorted(first.keys() - other.keys())
+            extra = sorted(other.keys() - first.keys())
+            differs = sorted(k for k in first.keys() & other.keys() if first[k].digest != other[k].digest)
+            for what, items in (("lacks", lacks), ("has extra", extra), ("differs at", differs)):
+                if items:
+                    parts.append(f"{label} {what} {items[:4]}{' ...' if len(items) > 4 else ''}")
+        return f"vs {labels[0]}: " + "; ".join(parts) if parts else "trees equal but devices not quiet"
+
     # -- a round -----------------------------------------------------------------
 
     def round(self, rnd: int) -> RoundResult:
@@ -508,7 +560,7 @@ class Partition:
         else:
             for _ in range(OPS_PER_DEVICE):
                 for a in self.actors:
-                    a.operate(rng, rnd, self.nesting)
+                    a.operate(rng, rnd, self.nesting, self.skip)
             order = list(self.actors)
             rng.shuffle(order)
             for a in order:
@@ -519,6 +571,7 @@ class Partition:
             res.converge_seconds = time.monotonic() - t1
             if problems:
                 res.diverged = True
+                res.divergence = self.divergence_summary()
                 res.other += problems[1:]
 
         for a in self.actors:
@@ -537,8 +590,13 @@ class Partition:
                 lost = sorted(a.written - a.superseded - present)
                 if lost:
                     res.lost[a.label] = lost
+            older = {t for e in start_tree.values() for t in e.tokens}
+            res.lost_old = sorted(older - set().union(*(a.superseded for a in self.actors)) - present)
             for label, t in trees.items():
                 res.links += link_problems(label, t)
+            odd = sorted(rel for rel in tree if not NAME_RE.match(os.path.basename(rel)))
+            if odd:
+                res.other.append(f"names the operations never make (not a conflicted copy either): {odd}")
             self.tree = tree
         res.seconds = time.monotonic() - t0
         ops = [line for a in self.actors for line in a.log]
@@ -551,8 +609,10 @@ class Partition:
         n = self.n
         lines = [
             f"PARTITION FAILURE: seed {self.seed}, {n} devices, round {res.round} "
-            f"(nesting {'on' if self.nesting else 'off'})",
+            f"(nesting {'on' if self.nesting else 'off'}"
+            f"{', skipping ' + ','.join(sorted(self.skip)) if self.skip else ''})",
             f"replay: UBQ_PARTITION_SEED={self.seed} UBQ_PARTITION_DEVICES={n} "
+            f"{'UBQ_PARTITION_SKIP=' + ','.join(sorted(self.skip)) + ' ' if self.skip else ''}"
             f"UBQ_PARTITION_ROUNDS={res.round + 1} python3 -m pytest -q -p no:cacheprovider "
             "Tests/mount/test_partition.py",
             "symptoms:",
