@@ -1,0 +1,640 @@
+"""Partitions on real mounts: the shared logic of `test_partition.py` (CI) and
+`bench/partition_campaign.py` (long campaigns).
+
+N devices (2 or 3) mount one folder store, each with `--store` = its own
+symlink to the store.  Each round:
+
+1. every device is cut off: its symlink is re-pointed to an empty folder (what
+   a dropped network share looks like); we wait until `status --json` says
+   `storeReachable: false` on every device;
+2. each device does a dozen random operations on a small shared namespace
+   (folders d0..d4, files f0..f4 in each): write new content, append, rename a
+   file (across folders, over an existing name), unlink, mkdir, rmdir, rename
+   a folder, and (on even seeds) move a folder into another one.  The ops
+   mirror `Tests/UbiquityCoreTests/PartitionModelTests.swift`;
+3. every symlink is restored (in a random order, with small random delays);
+   we wait until every device is quiet and every device shows the same tree
+   (bounded: CONVERGE_TIMEOUT).
+
+Then the round is checked:
+
+* diverged: the devices' trees (names, kinds, modes, sizes, SHA-256 of the
+  content) are not identical within CONVERGE_TIMEOUT;
+* lost: a content a device wrote in this round (every write and append
+  carries a unique token) and did not itself supersede afterwards (overwrite,
+  unlink, rename over it, on the same device) is in no file of the tree — at
+  its path, renamed or in a conflicted copy;
+* lost older content: a content that was in the tree when the round began,
+  and that no device superseded in the round, is in no file any more (e.g. a
+  file moved into a folder that another device deleted);
+* links: a file has `st_nlink` > 1 or two names share an inode (the ops never
+  make hard links);
+* op errors: an operation failed with an errno other than the expected
+  namespace ones (ENOENT, EEXIST, ENOTEMPTY, ...), e.g. EIO;
+* other: a daemon died, the empty folder was written to, a device never went
+  offline, a name that is neither one the operations make nor a conflicted
+  copy of one.
+
+The state carries over between rounds, so rounds compound.  A seed stops at
+its first failing round (later rounds would only compound it).  Timing is not
+deterministic (which device commits first decides conflict outcomes), so a
+replay with the same seed does the same operations as long as the outcomes of
+the earlier rounds were the same.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import os
+import random
+import re
+import stat
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from conftest import BIN, digest_diff, pid_alive
+
+# Seconds within which all devices must be quiet and show the same tree after
+# the stores came back.
+CONVERGE_TIMEOUT = float(os.environ.get("UBQ_PARTITION_CONVERGE_TIMEOUT", "60"))
+# Seconds within which a cut-off device's status must say storeReachable false.
+OFFLINE_TIMEOUT = 20.0
+OPS_PER_DEVICE = 12
+BASE_DIRS = ["d0", "d1", "d2"]
+NAMES = [f"f{i}" for i in range(5)]
+# A name the operations make (d0..d4, f0..f4), possibly as a conflicted copy
+# (docs/SEMANTICS.md: "NAME (conflicted copy DEVICE YYYY-MM-DD HHMMSS).EXT"),
+# possibly of a conflicted copy.
+NAME_RE = re.compile(r"^[df]\d( \(conflicted copy [a-c] \d{4}-\d\d-\d\d \d{6}\))*$")
+TOKEN_RE = re.compile(rb"<[a-z]:\d+:\d+:[0-9a-f]{8}>")
+EXPECTED_ERRNOS = {errno.ENOENT, errno.EEXIST, errno.ENOTEMPTY, errno.ENOTDIR, errno.EISDIR, errno.EINVAL}
+LABELS = "abc"
+# Kinds of operation that can be skipped (UBQ_PARTITION_SKIP, --skip): to look
+# past a known bug.  "rmdir": every rmdir; "dir-over": renaming or moving a
+# folder onto an existing folder (which replaces, i.e. deletes, that folder).
+SKIPPABLE = {"rmdir", "dir-over"}
+
+
+def parse_skip(text: str | None) -> frozenset[str]:
+    skip = frozenset(x.strip() for x in (text or "").split(",") if x.strip())
+    unknown = skip - SKIPPABLE
+    if unknown:
+        raise ValueError(f"cannot skip {sorted(unknown)}; skippable: {sorted(SKIPPABLE)}")
+    return skip
+
+
+def env_int(name: str, default: int) -> int:
+    value = os.environ.get(name, "").strip()
+    return int(value) if value else default
+
+
+# --------------------------------------------------------------------------
+# Store links, status
+# --------------------------------------------------------------------------
+
+
+class StoreLink:
+    """A symlink to the real store; `point_to(empty)` makes the store look
+    like a dropped network share for the device mounted through it."""
+
+    def __init__(self, path: Path, target: Path):
+        self.path = Path(path)
+        self.target = Path(target)
+        os.symlink(self.target, self.path)
+
+    def point_to(self, target: Path) -> None:
+        tmp = self.path.with_name(self.path.name + ".new")
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
+        os.symlink(target, tmp)
+        os.replace(tmp, self.path)  # atomic: the path never disappears in between
+
+    def restore(self) -> None:
+        self.point_to(self.target)
+
+
+def status_json(dev) -> dict:
+    """`ubiquityfs status MP --json` of a device (output captured, not logged:
+    the campaign calls it thousands of times)."""
+    proc = subprocess.run(
+        [str(BIN), "status", str(dev.mountpoint), "--json"],
+        env=dev.env(), capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL,
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"status of {dev.name} failed (exit {proc.returncode}): {proc.stderr.strip()}")
+    return json.loads(proc.stdout.strip().splitlines()[0])
+
+
+def short_status(s: dict) -> str:
+    keys = ("storeReachable", "pendingItems", "pendingBytes", "downloadingItems", "failingUploads", "lastSync")
+    out = {k: s.get(k) for k in keys}
+    out["recentErrors"] = [e.get("message") for e in s.get("recentErrors", [])[-3:]]
+    return json.dumps(out)
+
+
+def journal_records(store: Path) -> list[Path]:
+    """The change-set records of every container of a folder store, in order."""
+    return sorted(Path(store).glob("containers/*/journal/*"), key=lambda p: (p.parent.parent.name, p.name))
+
+
+def describe_record(path: Path) -> str:
+    """One change set of the journal, compact: node ids shortened to 4 characters."""
+    def short(v):
+        return v if v == "root" or not isinstance(v, str) else v[:4]
+    try:
+        record = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        return f"#{path.name} unreadable: {e!r}"
+    parts = []
+    for c in record.get("changes", []):
+        op = c.get("op")
+        if op == "node":
+            what = f"node {short(c.get('id'))} {c.get('kind')} base {c.get('base')}"
+            if c.get("kind") == "file":
+                what += f" {c.get('size')}B {str(c.get('hash'))[:8]}"
+        elif op == "entry":
+            child = short(c["child"]) if c.get("child") else "(removed)"
+            what = f"entry {short(c.get('parent'))}/{c.get('name')} -> {child}"
+        elif op == "delete":
+            what = f"delete {short(c.get('id'))} base {c.get('base')}"
+        else:
+            what = json.dumps({k: short(v) for k, v in c.items()
+                               if k not in ("uid", "gid", "ctime", "mtime", "btime", "rdev", "xattrs", "mode")})
+        parts.append(what)
+    head = f"#{int(path.name)} {path.parent.parent.name.split('.')[-1]} by {record.get('deviceName')}:"
+    return head + "\n      " + "\n      ".join(parts)
+
+
+# --------------------------------------------------------------------------
+# Trees
+# --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Entry:
+    kind: str
+    mode: int
+    size: int | None
+    sha: str | None
+    tokens: tuple[str, ...]
+    nlink: int
+    ino: int
+
+    @property
+    def digest(self) -> tuple:
+        # The same tuple as conftest.tree_digest.
+        return (self.kind, self.mode, self.size, self.sha)
+
+
+def scan(root) -> dict[str, Entry]:
+    """relpath -> Entry for everything below root: tree_digest's (kind, mode,
+    size, sha256) plus the tokens in each file, st_nlink and the inode.
+    Reads every byte (so every device downloads everything)."""
+    root = os.fspath(root)
+    out: dict[str, Entry] = {}
+
+    def fail(err):
+        raise err
+
+    for dirpath, dirnames, filenames in os.walk(root, onerror=fail):
+        for name in dirnames + filenames:
+            path = os.path.join(dirpath, name)
+            rel = os.path.relpath(path, root)
+            st = os.lstat(path)
+            mode = stat.S_IMODE(st.st_mode)
+            if stat.S_ISREG(st.st_mode):
+                with open(path, "rb") as f:
+                    data = f.read()
+                toks = tuple(sorted(t.decode() for t in TOKEN_RE.findall(data)))
+                out[rel] = Entry("file", mode, len(data), hashlib.sha256(data).hexdigest(), toks,
+                                 st.st_nlink, st.st_ino)
+            elif stat.S_ISDIR(st.st_mode):
+                out[rel] = Entry("dir", mode, None, None, (), st.st_nlink, st.st_ino)
+            elif stat.S_ISLNK(st.st_mode):
+                out[rel] = Entry("symlink", mode, st.st_size, os.readlink(path), (), st.st_nlink, st.st_ino)
+            else:
+                out[rel] = Entry("other", mode, st.st_size, None, (), st.st_nlink, st.st_ino)
+    return out
+
+
+def digest_of(tree: dict[str, Entry]) -> dict[str, tuple]:
+    return {rel: e.digest for rel, e in tree.items()}
+
+
+def describe_tree(tree: dict[str, Entry], indent: str = "  ") -> str:
+    if not tree:
+        return indent + "(empty)"
+    lines = []
+    for rel in sorted(tree):
+        e = tree[rel]
+        if e.kind == "dir":
+            lines.append(f"{indent}{rel}/")
+        else:
+            lines.append(f"{indent}{rel}  {e.kind} {e.size}B {e.sha[:8] if e.sha else ''} {' '.join(e.tokens)}")
+    return "\n".join(lines)
+
+
+def tree_diff(a: dict[str, Entry], b: dict[str, Entry]) -> str:
+    """digest_diff of the two trees, files annotated with their tokens."""
+    def show(tree):
+        return {rel: (e.kind, e.size, e.sha[:12] if e.sha else None, e.tokens) for rel, e in tree.items()}
+    return digest_diff(show(a), show(b))
+
+
+def link_problems(label: str, tree: dict[str, Entry]) -> list[str]:
+    problems = []
+    by_ino: dict[int, list[str]] = {}
+    for rel, e in sorted(tree.items()):
+        if e.kind == "dir":
+            continue
+        if e.nlink != 1:
+            problems.append(f"{label}: {rel} has st_nlink {e.nlink}")
+        by_ino.setdefault(e.ino, []).append(rel)
+    for ino, names in sorted(by_ino.items()):
+        if len(names) > 1:
+            problems.append(f"{label}: names {names} share inode {ino}")
+    return problems
+
+
+# --------------------------------------------------------------------------
+# Actors: one per device, random operations on its mount
+# --------------------------------------------------------------------------
+
+
+class Actor:
+    def __init__(self, label: str, dev, link: StoreLink):
+        self.label = label
+        self.dev = dev
+        self.link = link
+        self.root = Path(dev.mountpoint)
+        self.written: set[str] = set()
+        self.superseded: set[str] = set()
+        self.log: list[str] = []
+        self.errors: list[str] = []
+        self.counter = 0
+
+    def reset(self) -> None:
+        self.written, self.superseded, self.log, self.errors = set(), set(), [], []
+
+    def tokens(self, rel: str) -> set[str]:
+        """Tokens in the file at rel (empty if it is not a file)."""
+        try:
+            st = os.lstat(self.root / rel)
+            if not stat.S_ISREG(st.st_mode):
+                return set()
+            with open(self.root / rel, "rb") as f:
+                return {t.decode() for t in TOKEN_RE.findall(f.read())}
+        except FileNotFoundError:
+            return set()
+        except OSError as e:
+            if e.errno == errno.ENOTDIR:
+                return set()
+            raise
+
+    def folders(self) -> list[str]:
+        """Every folder (any depth), relative to the mount's root."""
+        out = []
+        for dirpath, dirnames, _ in os.walk(self.root):
+            for name in dirnames:
+                out.append(os.path.relpath(os.path.join(dirpath, name), self.root))
+        return sorted(out)
+
+    def operate(self, rng: random.Random, rnd: int, nesting: bool, skip: frozenset[str] = frozenset()) -> None:
+        found = self.folders()
+        top = sorted(set(BASE_DIRS) | {d for d in found if "/" not in d})
+        dirs = sorted(set(BASE_DIRS) | set(found))
+        files = [f"{d}/{n}" for d in dirs for n in NAMES]
+        op = rng.randrange(100)
+        self.counter += 1
+        token = "<%s:%d:%d:%08x>" % (self.label, rnd, self.counter, rng.getrandbits(32))
+        path = rng.choice(files)
+        pad = rng.choice([0, 0, 40, 3000, 70_000])
+        line = f"op {op} on {path}"
+        try:
+            if op < 30:
+                line = f"write {path} {token} ({pad}B pad)"
+                before = self.tokens(path)
+                line += f" replaces {sorted(before)}"
+                fd = os.open(self.root / path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+                self.superseded |= before
+                try:
+                    os.write(fd, token.encode() + b"\n" + b"." * pad)
+                finally:
+                    os.close(fd)
+                self.written.add(token)
+            elif op < 45:
+                line = f"append {path} {token}"
+                fd = os.open(self.root / path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+                try:
+                    os.write(fd, b"\n" + token.encode() + b"\n")
+                finally:
+                    os.close(fd)
+                self.written.add(token)
+            elif op < 65:
+                target = rng.choice(files)
+                moves = self.tokens(path)
+                before = self.tokens(target)
+                line = f"rename {path} -> {target} (moves {sorted(moves)}, replaces {sorted(before)})"
+                os.rename(self.root / path, self.root / target)
+                if path != target:
+                    self.superseded |= before
+            elif op < 77:
+                before = self.tokens(path)
+                line = f"unlink {path} (had {sorted(before)})"
+                os.unlink(self.root / path)
+                self.superseded |= before
+            elif op < 87:
+                d = rng.choice(["d0", "d1", "d2", "d3"])
+                line = f"mkdir {d}"
+                os.mkdir(self.root / d)
+            elif op < 93:
+                d = rng.choice(dirs)
+                line = f"rmdir {d}"
+                if "rmdir" in skip:
+                    self.log.append(f"{self.label} skip {line}")
+                    return
+                os.rmdir(self.root / d)
+            elif op < 97 and nesting:
+                src = rng.choice(dirs)
+                into = rng.choice(top + [""])
+                dst = f"{into}/{os.path.basename(src)}".lstrip("/")
+                line = f"move-dir {src} -> {dst}"
+                if "dir-over" in skip and src != dst and os.path.isdir(self.root / dst):
+                    self.log.append(f"{self.label} skip {line}")
+                    return
+                os.rename(self.root / src, self.root / dst)
+            else:
+                src = rng.choice(top)
+                dst = rng.choice(["d0", "d1", "d2", "d3", "d4"])
+                line = f"rename-dir {src} -> {dst}"
+                if "dir-over" in skip and src != dst and os.path.isdir(self.root / dst):
+                    self.log.append(f"{self.label} skip {line}")
+                    return
+                os.rename(self.root / src, self.root / dst)
+            self.log.append(f"{self.label} ok   {line}")
+        except OSError as e:
+            name = errno.errorcode.get(e.errno, str(e.errno))
+            self.log.append(f"{self.label} fail {line}: {name}")
+            if e.errno not in EXPECTED_ERRNOS:
+                self.errors.append(f"{self.label}: {line}: {e!r}")
+
+
+# --------------------------------------------------------------------------
+# One partition run (one seed, N devices, many rounds)
+# --------------------------------------------------------------------------
+
+
+@dataclass
+class RoundResult:
+    seed: int
+    devices: int
+    round: int
+    seconds: float = 0.0
+    converge_seconds: float = 0.0
+    diverged: bool = False
+    lost: dict[str, list[str]] = field(default_factory=dict)
+    lost_old: list[str] = field(default_factory=list)
+    divergence: str = ""
+    links: list[str] = field(default_factory=list)
+    op_errors: list[str] = field(default_factory=list)
+    other: list[str] = field(default_factory=list)
+    report: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return not (self.diverged or self.lost or self.lost_old or self.links or self.op_errors or self.other)
+
+    def symptoms(self) -> list[str]:
+        out = []
+        if self.diverged:
+            out.append("diverged: " + self.divergence)
+        if self.lost:
+            out.append("lost " + ", ".join(f"{k}: {v}" for k, v in sorted(self.lost.items())))
+        if self.lost_old:
+            out.append(f"lost older content (in the tree at the round's start, superseded by no device): "
+                       f"{self.lost_old}")
+        if self.links:
+            out.append("links " + "; ".join(self.links))
+        if self.op_errors:
+            out.append("op errors " + "; ".join(self.op_errors))
+        out += self.other
+        return out
+
+
+class Partition:
+    """`make(name, store_path)` returns an unmounted conftest.Device (its
+    teardown is the caller's); `base` is a scratch directory."""
+
+    def __init__(self, make: Callable, base: Path, store: Path, n: int, seed: int,
+                 *, skip: frozenset[str] = frozenset(), say: Callable[[str], None] = lambda s: None):
+        assert n in (2, 3), n
+        self.make, self.base, self.store, self.n, self.seed, self.say = make, Path(base), Path(store), n, seed, say
+        self.nesting = seed % 2 == 0
+        self.skip = frozenset(skip)
+        self.empty = self.base / "unreachable-share"
+        self.actors: list[Actor] = []
+        self.tree: dict[str, Entry] = {}  # the agreed tree after the last round
+        self.trees: dict[str, dict[str, Entry]] = {}  # label -> tree, from the last converge()
+        self.statuses: dict[str, dict] = {}
+        self.history: list[str] = []  # ops of every round so far (for a replay)
+
+    # -- setup / teardown ------------------------------------------------------
+
+    def start(self) -> None:
+        self.empty.mkdir(parents=True, exist_ok=True)
+        for i in range(self.n):
+            label = LABELS[i]
+            link = StoreLink(self.base / f"store-link-{label}", self.store)
+            dev = self.make(label, link.path)
+            dev.mount_args = ("--device-name", label)
+            dev.mount()
+            self.actors.append(Actor(label, dev, link))
+        for d in BASE_DIRS:
+            os.mkdir(self.actors[0].root / d)
+        problems = self.converge()
+        if problems:
+            raise AssertionError(f"seed {self.seed}: the initial folders never reached every device:\n"
+                                 + "\n".join(problems))
+        self.tree = self.trees[self.actors[0].label]
+
+    def restore_links(self) -> None:
+        for a in self.actors:
+            a.link.restore()
+
+    # -- waiting -----------------------------------------------------------------
+
+    def wait_offline(self) -> list[str]:
+        deadline = time.monotonic() + OFFLINE_TIMEOUT
+        waiting = list(self.actors)
+        while waiting:
+            waiting = [a for a in waiting if status_json(a.dev).get("storeReachable") is not False]
+            if not waiting:
+                return []
+            if time.monotonic() > deadline:
+                return [f"{a.label} still says storeReachable true {OFFLINE_TIMEOUT:.0f}s after its store "
+                        "was re-pointed to an empty folder" for a in waiting]
+            time.sleep(0.2)
+        return []
+
+    def converge(self) -> list[str]:
+        """Wait until every device is reachable and quiet and all trees are
+        identical, twice in a row at least a second apart.  Returns problems
+        (empty when converged); sets self.trees."""
+        deadline = time.monotonic() + CONVERGE_TIMEOUT
+        stable_since = None
+        last_digest = None
+        self.trees, self.statuses = {}, {}
+        while True:
+            self.statuses = {a.label: status_json(a.dev) for a in self.actors}
+            quiet = all(s.get("storeReachable") and s.get("pendingItems") == 0 and s.get("downloadingItems") == 0
+                        for s in self.statuses.values())
+            if quiet:
+                try:
+                    self.trees = {a.label: scan(a.root) for a in self.actors}
+                    digests = [digest_of(t) for t in self.trees.values()]
+                    same = all(d == digests[0] for d in digests[1:])
+                except OSError as e:  # a file replaced while we read it
+                    same, digests = False, [None]
+                    self.say(f"scan: {e!r}")
+                if same and digests[0] == last_digest:
+                    if time.monotonic() - stable_since >= 1.0:
+                        return []
+                elif same:
+                    last_digest, stable_since = digests[0], time.monotonic()
+                else:
+                    last_digest = None
+            else:
+                last_digest = None
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.3)
+        problems = [f"no agreement within {CONVERGE_TIMEOUT:.0f}s"]
+        for a in self.actors:
+            problems.append(f"status {a.label}: {short_status(self.statuses[a.label])}")
+        if not self.trees:
+            try:
+                self.trees = {a.label: scan(a.root) for a in self.actors}
+            except OSError as e:
+                problems.append(f"scan failed: {e!r}")
+        return problems
+
+    def divergence_summary(self) -> str:
+        """One line: what each device has that the first one lacks, and vice versa."""
+        if not self.trees:
+            return "(no trees)"
+        labels = list(self.trees)
+        first = self.trees[labels[0]]
+        parts = []
+        for label in labels[1:]:
+            other = self.trees[label]
+            lacks = sorted(first.keys() - other.keys())
+            extra = sorted(other.keys() - first.keys())
+            differs = sorted(k for k in first.keys() & other.keys() if first[k].digest != other[k].digest)
+            for what, items in (("lacks", lacks), ("has extra", extra), ("differs at", differs)):
+                if items:
+                    parts.append(f"{label} {what} {items[:4]}{' ...' if len(items) > 4 else ''}")
+        return f"vs {labels[0]}: " + "; ".join(parts) if parts else "trees equal but devices not quiet"
+
+    # -- a round -----------------------------------------------------------------
+
+    def round(self, rnd: int) -> RoundResult:
+        res = RoundResult(self.seed, self.n, rnd)
+        t0 = time.monotonic()
+        rng = random.Random(self.seed * 1_000_003 + rnd)
+        for a in self.actors:
+            a.reset()
+        start_tree = self.tree
+        journal_before = len(journal_records(self.store))
+
+        for a in self.actors:
+            a.link.point_to(self.empty)
+        res.other += self.wait_offline()
+        self.trees = {}
+        if res.other:
+            self.restore_links()
+        else:
+            for _ in range(OPS_PER_DEVICE):
+                for a in self.actors:
+                    a.operate(rng, rnd, self.nesting, self.skip)
+            order = list(self.actors)
+            rng.shuffle(order)
+            for a in order:
+                time.sleep(rng.choice([0, 0, 0.1, 0.5, 1.2]))
+                a.link.restore()
+            t1 = time.monotonic()
+            problems = self.converge()
+            res.converge_seconds = time.monotonic() - t1
+            if problems:
+                res.diverged = True
+                res.divergence = self.divergence_summary()
+                res.other += problems[1:]
+
+        for a in self.actors:
+            res.op_errors += a.errors
+            if not pid_alive(a.dev.pid):
+                res.other.append(f"daemon of {a.label} (pid {a.dev.pid}) is gone")
+        leftovers = os.listdir(self.empty)
+        if leftovers:
+            res.other.append(f"something was written into the empty folder: {leftovers}")
+
+        trees = self.trees
+        if trees and not res.diverged:
+            tree = trees[self.actors[0].label]
+            present = {t for e in tree.values() for t in e.tokens}
+            for a in self.actors:
+                lost = sorted(a.written - a.superseded - present)
+                if lost:
+                    res.lost[a.label] = lost
+            older = {t for e in start_tree.values() for t in e.tokens}
+            res.lost_old = sorted(older - set().union(*(a.superseded for a in self.actors)) - present)
+            for label, t in trees.items():
+                res.links += link_problems(label, t)
+            odd = sorted(rel for rel in tree if not NAME_RE.match(os.path.basename(rel)))
+            if odd:
+                res.other.append(f"names the operations never make (not a conflicted copy either): {odd}")
+            self.tree = tree
+        res.seconds = time.monotonic() - t0
+        ops = [line for a in self.actors for line in a.log]
+        self.history.append(f"round {rnd}:\n" + "\n".join("  " + line for line in ops))
+        if not res.ok:
+            res.report = self.report(res, start_tree, ops, trees, journal_records(self.store)[journal_before:])
+        return res
+
+    def report(self, res: RoundResult, start_tree, ops, trees, records) -> str:
+        n = self.n
+        lines = [
+            f"PARTITION FAILURE: seed {self.seed}, {n} devices, round {res.round} "
+            f"(nesting {'on' if self.nesting else 'off'}"
+            f"{', skipping ' + ','.join(sorted(self.skip)) if self.skip else ''})",
+            f"replay: UBQ_PARTITION_SEED={self.seed} UBQ_PARTITION_DEVICES={n} "
+            f"{'UBQ_PARTITION_SKIP=' + ','.join(sorted(self.skip)) + ' ' if self.skip else ''}"
+            f"UBQ_PARTITION_ROUNDS={res.round + 1} python3 -m pytest -q -p no:cacheprovider "
+            "Tests/mount/test_partition.py",
+            "symptoms:",
+            *("  " + s for s in res.symptoms()),
+            "tree at the start of the round (every device agreed):",
+            describe_tree(start_tree, "  "),
+            "operations of the round (all devices offline; a, b, c interleaved):",
+            *("  " + op for op in ops),
+        ]
+        if trees:
+            labels = list(trees)
+            first = labels[0]
+            lines.append(f"tree of device {first} after the round:")
+            lines.append(describe_tree(trees[first], "  "))
+            for other in labels[1:]:
+                diff = tree_diff(trees[first], trees[other])
+                if diff:
+                    lines.append(f"diff {first} (expected) vs {other} (actual):")
+                    lines += ["  " + line for line in diff.splitlines()]
+        lines.append("change sets pushed in the round (store journal; node ids shortened):")
+        lines += ["  " + describe_record(p) for p in records] or ["  (none)"]
+        for a in self.actors:
+            lines.append(f"daemon log {a.label}: " + " ".join(
+                str(p) for p in Path(a.dev.data_home).glob("ubiquityfs/replicas/*/daemon.log")))
+        return "\n".join(lines)
