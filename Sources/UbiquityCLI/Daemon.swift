@@ -381,7 +381,7 @@ final class Daemon: @unchecked Sendable {
                     do { _ = try host.engine.drain(progress: drain) } catch { failure = failure ?? error }
                 }
                 if unused {
-                    try? host.replica.persist()
+                    try? host.replica.commitAndCheckpoint()
                     let pending = host.replica.withNamespace { ns in ns.pendingSummary() }
                     logger.info("\(host.id) closed; \(pending.items) items (\(pending.bytes) bytes) left in the queue for the next mount")
                     host.replica.releaseLock()

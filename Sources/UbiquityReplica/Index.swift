@@ -100,6 +100,14 @@ final class Index: Sendable {
         if due { _ = try? db.writeWithoutTransaction { try $0.checkpoint(.passive) } }
     }
 
+    /// Move the whole WAL into the database file and empty it (a replica
+    /// being closed leaves its index in one file). A failure (a full disk)
+    /// leaves the WAL as it is: SQLite replays it on the next open.
+    func checkpointAll() {
+        _ = try? db.writeWithoutTransaction { try $0.checkpoint(.truncate) }
+        sinceCheckpoint.withLock { $0 = (0, 0) }
+    }
+
     func writeTransaction(_ ops: [IndexOp]) throws {
         try db.write { db in
             let upsert = try db.cachedStatement(sql: """

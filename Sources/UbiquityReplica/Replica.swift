@@ -92,6 +92,13 @@ public final class Replica: Sendable {
         releaseLock()
     }
 
+    /// Commit what is queued and checkpoint the index completely: for a
+    /// replica being closed (its WAL is emptied into the database file).
+    public func commitAndCheckpoint() throws {
+        try persist()
+        writer.withLock { _ in index.checkpointAll() }
+    }
+
     /// Take group and other permissions away from `path` (if it is ours).
     static func makePrivate(_ path: String, mode: mode_t) {
         var st = stat()
