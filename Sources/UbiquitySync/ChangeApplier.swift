@@ -264,6 +264,8 @@ struct ChangeApplier {
         ns.linkEntry(parent, name, child, local: false)
         ns.entryMatchesStore(key)
         if node.unlinked { ns.update(child, local: false) { _ in } }
+        // Put in a folder removed here (not pushed yet): the folder survives with it.
+        if ns.node(parent)?.unlinked == true { resurrections.append(parent) }
         if movedByBoth.contains(child) { undoLocalMoves(of: child, keeping: key, to: &ns) }
         // What arrives in a pinned directory is kept on this device.
         if node.kind == .file, ns.node(child)?.isPlaceholder == true, ns.isPinned(child) { changes.refresh.append(child) }
@@ -343,6 +345,9 @@ struct ChangeApplier {
                     ns.linkEntry(place.parent, place.name, ino, local: true)
                 }
                 if places.isEmpty { resurrect(ino, to: &ns) }
+                // The device that deleted a folder dropped everything it held: what it
+                // still holds is pushed again too (its entries, and its nodes' states).
+                if node.kind == .directory { repush(contentsOf: ino, to: &ns) }
                 continue
             }
             for place in ns.entriesNaming(ino) {
@@ -352,6 +357,18 @@ struct ChangeApplier {
             ns.update(ino, local: false) { $0.unlinked = true; $0.nlink = 0 }
             changes.node(ino, contentChanged: true, in: ns)
             ns.dropIfUnreferenced(ino)
+        }
+    }
+
+    /// Mark everything below directory `dir` (entries and nodes) to be pushed
+    /// again, as if made here: for another device that dropped the subtree.
+    mutating func repush(contentsOf dir: UInt64, to ns: inout Namespace) {
+        for (name, entry) in ns.entries(of: dir) {
+            ns.unlinkEntry(dir, name, local: false)
+            ns.linkEntry(dir, name, entry.ino, local: true)
+            ns.update(entry.ino) { _ in }
+            changes.entry(dir, name, in: ns)
+            if ns.node(entry.ino)?.kind == .directory { repush(contentsOf: entry.ino, to: &ns) }
         }
     }
 

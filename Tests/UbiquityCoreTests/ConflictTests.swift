@@ -104,6 +104,38 @@ import Glibc
         #expect(try a.read("box/loose.txt") == "keep me")
     }
 
+    /// The other device committed a file into a folder first; the folder
+    /// removed here (not pushed yet) survives with it, on both devices and
+    /// for a third device that had the folder too.
+    @Test func folderRemovedHereWhileAFileArrivesInItSurvives() throws {
+        let (a, b) = try pair()
+        let c = try TestDevice(store: store, name: "tablet")
+        defer { a.cleanUp(); b.cleanUp(); c.cleanUp() }
+        try a.mkdir("d")
+        try sync(a, b, c)
+        try b.write("d/new.txt", "arrived")
+        try b.engine.drain(progress: { _, _ in })
+        // Here: a file made and moved out of the folder, then the folder removed.
+        try a.write("d/tmp.txt", "moved out")
+        try a.fs.rename(parent: try a.resolve("d"), name: "tmp.txt", newParent: Namespace.rootIno, newName: "out.txt", flags: [])
+        try a.fs.rmdir(parent: Namespace.rootIno, name: "d")
+        try c.fs.rmdir(parent: Namespace.rootIno, name: "d")
+        try sync(a, c, b)
+        #expect(try a.tree() == b.tree())
+        #expect(try c.tree() == b.tree())
+        #expect(try a.read("d/new.txt") == "arrived")
+        #expect(try c.read("d/new.txt") == "arrived")
+        #expect(try b.read("out.txt") == "moved out")
+        // The folder was never deleted in the store (not deleted and made again).
+        let folderIno = try b.resolve("d")
+        let folderID = try #require(b.replica.withNamespace { ns in ns.node(folderIno)?.id })
+        for (seq, set) in try store.journal(container: TestDevice.container, after: 0, limit: 1000) {
+            for change in set.changes {
+                if case .deleteNode(let id, _) = change { #expect(id != folderID, "change set \(seq) deletes the folder") }
+            }
+        }
+    }
+
     @Test func crossedMovesNeverMakeACycle() throws {
         let (a, b) = try pair()
         defer { a.cleanUp(); b.cleanUp() }

@@ -70,7 +70,7 @@ NAMES = [f"f{i}" for i in range(5)]
 # A name the operations make (d0..d4, f0..f4), possibly as a conflicted copy
 # (docs/SEMANTICS.md: "NAME (conflicted copy DEVICE YYYY-MM-DD HHMMSS).EXT"),
 # possibly of a conflicted copy.
-NAME_RE = re.compile(r"^[df]\d( \(conflicted copy [a-c] \d{4}-\d\d-\d\d \d{6}\))*$")
+NAME_RE = re.compile(r"^[df]\d( \(conflicted copy [a-c] \d{4}-\d\d-\d\d \d{6}( \d+)?\))*$")
 TOKEN_RE = re.compile(rb"<[a-z]:\d+:\d+:[0-9a-f]{8}>")
 EXPECTED_ERRNOS = {errno.ENOENT, errno.EEXIST, errno.ENOTEMPTY, errno.ENOTDIR, errno.EISDIR, errno.EINVAL}
 LABELS = "abc"
