@@ -53,13 +53,16 @@ struct ChangeApplier {
             return nil
         })
         for change in changeSet.changes {
-            guard case .entry(let parentID, let name, let child) = change, let parent = ns.inoByID[parentID] else { continue }
-            let key = EntryKey(parent: parent, name: name)
+            guard case .entry(let parentID, let name, let child) = change else { continue }
+            // A folder this change set creates is not known yet: what it names still counts.
+            let key = ns.inoByID[parentID].map { EntryKey(parent: $0, name: name) }
             // (An entry that restates what a pending change here replaced changes nothing.)
-            if let child, !(ns.pendingEntries[key] != nil && ns.inoByID[child] == nonZero(ns.pendingEntryBase[key])) {
-                remoteKeys.insert(key)
+            if let child, !(key.map { ns.pendingEntries[$0] != nil && ns.inoByID[child] == nonZero(ns.pendingEntryBase[$0]) } ?? false) {
+                if let key { remoteKeys.insert(key) }
                 remoteChildren.insert(child)
             }
+            guard let key else { continue }
+            let parent = key.parent
             // Both took the file that was here away (a removal, or another node put here).
             if ns.pendingEntries[key] != nil, let base = ns.pendingEntryBase[key], base != 0,
                let node = ns.node(base), node.kind != .directory, node.id != child, ns.lookup(parent, name) != base {

@@ -136,6 +136,34 @@ import Glibc
         }
     }
 
+    /// One device moves a file into a new folder and puts a new file at its
+    /// old name; the other edits the file where it was. The edited file
+    /// follows the move (one name, never a link nobody made), the new file
+    /// keeps the old name.
+    @Test func fileMovedIntoANewFolderWhileEditedThereHasOneName() throws {
+        let (a, b) = try pair()
+        defer { a.cleanUp(); b.cleanUp() }
+        try a.mkdir("d4")
+        try a.write("d4/f3", "v1")
+        try sync(a, b)
+        try a.mkdir("d3")
+        try a.fs.rename(parent: try a.resolve("d4"), name: "f3", newParent: try a.resolve("d3"), newName: "f3", flags: [])
+        try a.write("d4/f3", "new file")
+        try b.write("d4/f3", "edited")
+        try a.engine.drain(progress: { _, _ in })
+        try sync(b, a)
+        #expect(try a.tree() == b.tree())
+        for (label, d) in [("a", a), ("b", b)] {
+            #expect(try d.read("d4/f3") == "new file")
+            let moved = try d.resolve("d3/f3")
+            let node = try #require(d.replica.withNamespace { ns in ns.node(moved) })
+            #expect(node.nlink == 1, "d3/f3 has \(node.nlink) links on \(label)")
+            let paths = try d.list("d3").map { "d3/" + $0 } + d.list("d4").map { "d4/" + $0 }
+            let edited = try paths.filter { try d.read($0) == "edited" }
+            #expect(edited.count == 1, "the edit is under one name on \(label): \(paths)")
+        }
+    }
+
     @Test func crossedMovesNeverMakeACycle() throws {
         let (a, b) = try pair()
         defer { a.cleanUp(); b.cleanUp() }
