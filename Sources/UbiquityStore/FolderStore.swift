@@ -68,7 +68,7 @@ public final class FolderStore: Store {
             throw UbiquityError(ENOTDIR, "store \(self.root.path) is not a folder")
         }
         if let data = fm.contents(atPath: markerURL.path) {
-            guard let marker = try? JSONDecoder().decode(Marker.self, from: data), !marker.storeID.isEmpty else {
+            guard let marker = try? JSONDecoder().decode(Marker.self, from: data), RecordFormat.isValidID(marker.storeID) else {
                 throw UbiquityError(EINVAL, "store marker \(markerURL.path) is damaged; refusing to use this folder as a store")
             }
             guard marker.format <= Self.formatVersion else {
@@ -179,10 +179,15 @@ public final class FolderStore: Store {
         try checkReachable()
         let url = containerDir(container).appendingPathComponent("container.json")
         guard let data = FileManager.default.contents(atPath: url.path) else { return nil }
+        // Checked as it is read: the display name becomes a folder's name on every drive.
         do {
-            return try JSONDecoder().decode(ContainerConfig.self, from: data)
+            let config = try JSONDecoder().decode(ContainerConfig.self, from: data)
+            try config.validate()
+            guard config.id == container else { throw UbiquityError(EINVAL, "its ID is \(RecordFormat.quoted(config.id))") }
+            return config
         } catch {
-            throw UbiquityError(EINVAL, "container configuration \(url.path) is damaged: \(error)")
+            let problem = (error as? DecodingError).map(ChangeSet.describe) ?? UbiquityError.wrap(error).message
+            throw UbiquityError(EINVAL, "container configuration \(url.path) is damaged: \(RecordFormat.printable(problem))")
         }
     }
 

@@ -251,12 +251,12 @@ public struct ContainerConfig: Codable, Hashable, Sendable {
         self.supportedFolderLevels = supportedFolderLevels
     }
 
-    /// A valid ID, and a display name that can be a folder name (1–255 bytes, no `/`).
+    /// A valid ID, and a display name that can be a folder name (a drive
+    /// shows it as one): the rules of an entry name (`RecordFormat.problem(name:)`).
     public func validate() throws {
         try Self.validate(id: id)
-        guard !displayName.isEmpty, displayName.utf8.count <= 255, !displayName.contains("/"),
-              displayName != ".", displayName != ".." else {
-            throw UbiquityError(EINVAL, "invalid display name '\(displayName)': 1 to 255 bytes, no '/'")
+        if let problem = RecordFormat.problem(name: FileName(displayName)) {
+            throw UbiquityError(EINVAL, "invalid display name \(RecordFormat.quoted(displayName)): it \(problem) (1 to 255 bytes, no '/' or NUL, not '.' or '..')")
         }
     }
 

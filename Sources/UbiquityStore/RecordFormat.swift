@@ -39,11 +39,12 @@ public enum RecordFormat {
     /// Permission bits, set-uid, set-gid and sticky: a mode carries no file type.
     public static let permissionBits: UInt32 = 0o7777
 
-    /// A node or device ID: 1 to 64 ASCII letters, digits, `-`, `_` or `.`
-    /// (devices write lower-case UUIDs, and `root` / `documents`).
+    /// A node, device or store ID: 1 to 64 ASCII letters, digits, `-`, `_`
+    /// or `.`, not `.` or `..` (devices write lower-case UUIDs, and `root` /
+    /// `documents`; a store ID names a folder in each device's data home).
     public static func isValidID(_ id: String) -> Bool {
         let bytes = id.utf8
-        return !bytes.isEmpty && bytes.count <= maxIDBytes && bytes.allSatisfy { b in
+        return !bytes.isEmpty && bytes.count <= maxIDBytes && id != "." && id != ".." && bytes.allSatisfy { b in
             (0x30...0x39).contains(b) || (0x41...0x5a).contains(b) || (0x61...0x7a).contains(b)
                 || b == 0x2d || b == 0x5f || b == 0x2e
         }

@@ -339,6 +339,37 @@ import Glibc
         for seq in 2...6 { #expect(try !store.commit(container: id, seq: UInt64(seq), changeSet: good)) }
         #expect(try store.commit(container: id, seq: 7, changeSet: good))
     }
+
+    /// The other files a store holds are checked as they are read too: a
+    /// container's display name becomes a folder name on every drive, and
+    /// the store ID a folder in every device's data home.
+    @Test func containerConfigurationsAndTheMarkerAreChecked() throws {
+        let root = FileManager.default.temporaryDirectory.appendingPathComponent("ubq-records-\(UUID().uuidString)")
+        defer { try? FileManager.default.removeItem(at: root) }
+        let store = try FolderStore(root: root, create: true, initializeEmpty: true)
+        for id in ["com.example.good", "com.example.slash", "com.example.nul", "com.example.other"] {
+            try store.createContainer(ContainerConfig(id: id, displayName: "Fine"))
+        }
+        func damage(_ id: String, _ json: String) throws {
+            try Data(json.utf8).write(to: root.appendingPathComponent("containers/\(id)/container.json"))
+        }
+        try damage("com.example.slash", #"{"id":"com.example.slash","displayName":"a/b","documentScopePublic":true,"supportedFolderLevels":"any"}"#)
+        try damage("com.example.nul", #"{"id":"com.example.nul","displayName":"a\u0000b","documentScopePublic":true,"supportedFolderLevels":"any"}"#)
+        try damage("com.example.other", #"{"id":"com.example.good","displayName":"Twin","documentScopePublic":true,"supportedFolderLevels":"any"}"#)
+        let listing = try store.containers()
+        #expect(listing.configs.map(\.id) == ["com.example.good"])
+        let problems = Dictionary(uniqueKeysWithValues: listing.damaged.map { ($0.id, $0.problem) })
+        #expect(problems["com.example.slash"]?.contains("invalid display name \"a/b\": it contains '/'") == true, "\(problems)")
+        #expect(problems["com.example.nul"]?.contains("contains NUL") == true, "\(problems)")
+        #expect(problems["com.example.other"]?.contains("its ID is \"com.example.good\"") == true, "\(problems)")
+        #expect(throws: UbiquityError.self) { try store.createContainer(ContainerConfig(id: "com.example.x", displayName: "..")) }
+
+        for storeID in ["..", "../../elsewhere", ""] {
+            try Data(#"{"format":1,"storeID":"\#(storeID)"}"#.utf8).write(to: root.appendingPathComponent(FolderStore.markerName))
+            let error = try #require(throws: UbiquityError.self) { _ = try FolderStore(root: root, create: false, initializeEmpty: false) }
+            #expect(error.message.contains("is damaged"), "\(storeID): \(error)")
+        }
+    }
 }
 
 /// What a valid-looking record refers to, checked against the replica
