@@ -70,7 +70,7 @@ struct Mount: ParsableCommand {
             throw ValidationError("--poll-interval must be between 0 and 3600 seconds")
         }
         if let deviceName, deviceName.count > 64 || deviceName.contains("/") || RecordFormat.problem(deviceName: deviceName) != nil {
-            throw ValidationError("--device-name must be 1 to 64 characters without '/' or control characters")
+            throw ValidationError("--device-name must be 1 to 64 characters (at most 255 bytes) without '/' or control characters")
         }
         if let cacheSize, parseSize(cacheSize) == nil {
             throw ValidationError("--cache-size: '\(cacheSize)' is not a size (examples: 500M, 20G, 1048576)")

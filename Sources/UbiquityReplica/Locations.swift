@@ -144,12 +144,15 @@ public struct DeviceIdentity: Codable, Sendable {
 
     /// A name every reader of this device's records accepts (see
     /// `RecordFormat.problem(deviceName:)`): a host name or an older
-    /// identity's name with control characters or '/' gets '-' instead, and
-    /// is cut to 64 characters.
+    /// identity's name gets '-' for control characters and '/', and is cut
+    /// to 64 characters and 255 bytes.
     static func usableName(_ name: String) -> String {
-        let cleaned = String(String.UnicodeScalarView(name.unicodeScalars.map { scalar in
-            scalar == "/" || RecordFormat.problem(deviceName: String(scalar)) != nil ? "-" : scalar
-        }).prefix(64))
+        var cleaned = ""
+        for scalar in name.unicodeScalars {
+            let kept: Unicode.Scalar = scalar == "/" || scalar.properties.generalCategory == .control ? "-" : scalar
+            guard cleaned.unicodeScalars.count < 64, cleaned.utf8.count + kept.utf8.count <= 255 else { break }
+            cleaned.unicodeScalars.append(kept)
+        }
         return cleaned.isEmpty ? "device" : cleaned
     }
 }

@@ -185,7 +185,7 @@ extension ChangeSet {
                     guard child != parent else { throw fail("entry puts node \(child) inside itself\(at)") }
                 }
                 guard entryKeys.insert(EntryRef(parent: parent, name: name)).inserted else {
-                    throw fail("entry \(name.count)-byte name in \(parent) is set twice\(at)")
+                    throw fail("entry \(RecordFormat.quoted(name.description)) in \(parent) is set twice\(at)")
                 }
             case .deleteNode(let id, let base):
                 guard RecordFormat.isValidID(id) else { throw fail("deleted node ID \(RecordFormat.quoted(id)) is not well-formed\(at)") }
