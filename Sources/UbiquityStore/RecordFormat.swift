@@ -165,6 +165,7 @@ extension ChangeSet {
     /// against the others of the record); `EBADMSG` naming the first problem.
     public func validate(seq: UInt64) throws {
         func fail(_ reason: String) -> UbiquityError { UbiquityError(EBADMSG, reason) }
+        guard version == RecordFormat.version else { throw fail("record version \(version) is not supported") }
         guard RecordFormat.isValidID(device) else { throw fail("device ID \(RecordFormat.quoted(device)) is not well-formed") }
         if let problem = RecordFormat.problem(deviceName: deviceName) { throw fail("device name \(problem)") }
         var described = Set<NodeID>()

@@ -31,24 +31,23 @@ extension SyncEngine {
                 for record in records {
                     let changed = replica.withNamespace { ns -> ReplicaChanges in
                         guard record.seq == ns.appliedSeq + 1 else { return ReplicaChanges() }
-                        let changeSet: ChangeSet
+                        // This device's own records were applied when it made them.
+                        let remote = record.changeSet.flatMap { $0.device == device.id ? nil : $0 }
+                        let problem: String?
                         switch record.content {
-                        case .invalid(let reason):
-                            quarantined.append(QuarantinedRecord(seq: record.seq, reason: reason))
-                            ns.quarantine(quarantined.last!)
+                        case .invalid(let reason): problem = reason
+                        case .changeSet: problem = remote.flatMap { ChangeApplier.problem(with: $0, in: ns) }
+                        }
+                        if let problem {
+                            let skipped = QuarantinedRecord(seq: record.seq, reason: problem)
+                            quarantined.append(skipped)
+                            ns.quarantine(skipped)
                             return ReplicaChanges()
-                        case .changeSet(let valid):
-                            changeSet = valid
                         }
                         var changed = ReplicaChanges()
-                        if changeSet.device != device.id {
-                            if let problem = ChangeApplier.problem(with: changeSet, in: ns) {
-                                quarantined.append(QuarantinedRecord(seq: record.seq, reason: problem))
-                                ns.quarantine(quarantined.last!)
-                                return changed
-                            }
+                        if let remote {
                             var applier = ChangeApplier(seq: record.seq, deviceName: device.name)
-                            applier.apply(changeSet, to: &ns)
+                            applier.apply(remote, to: &ns)
                             changed = applier.changes
                         }
                         ns.setAppliedSeq(record.seq)
