@@ -69,8 +69,8 @@ struct Mount: ParsableCommand {
         guard pollInterval > 0, pollInterval <= 3600 else {
             throw ValidationError("--poll-interval must be between 0 and 3600 seconds")
         }
-        if let deviceName, deviceName.isEmpty || deviceName.contains("/") || deviceName.count > 64 {
-            throw ValidationError("--device-name must be 1 to 64 characters without '/'")
+        if let deviceName, deviceName.count > 64 || deviceName.contains("/") || RecordFormat.problem(deviceName: deviceName) != nil {
+            throw ValidationError("--device-name must be 1 to 64 characters (at most 255 bytes) without '/' or control characters")
         }
         if let cacheSize, parseSize(cacheSize) == nil {
             throw ValidationError("--cache-size: '\(cacheSize)' is not a size (examples: 500M, 20G, 1048576)")
@@ -357,6 +357,12 @@ struct Status: ParsableCommand {
             print("Not uploaded: \(failing.count) item\(failing.count == 1 ? "" : "s") the store refused (retried with back-off; the others go ahead)")
             for f in failing.prefix(10) { print("  \(f["path"] ?? "?") (\(f["attempts"] ?? 0) tries): \(f["error"] ?? "")") }
         }
+        // Journal records skipped because they failed validation (the reasons are printable).
+        let quarantined = status["quarantinedRecords"] as? [[String: Any]] ?? []
+        for q in quarantined.suffix(10) {
+            print("Quarantined:  record \(q["seq"] ?? "?") of \(q["container"] ?? "?"): \(q["reason"] ?? "")")
+        }
+        if quarantined.count > 10 { print("  and \(quarantined.count - 10) earlier quarantined records (status --json lists them all)") }
         let errors = status["recentErrors"] as? [[String: Any]] ?? []
         if !errors.isEmpty {
             print("Recent errors:")

@@ -343,6 +343,7 @@ final class MountHost: @unchecked Sendable {
         var totals: [String: Int] = [:]
         var errors: [(Date, String)] = []
         var failing: [[String: Any]] = []
+        var quarantined: [[String: Any]] = []
         var lastSync: Date?
         var reachable = true
         for host in hosts {
@@ -375,11 +376,16 @@ final class MountHost: @unchecked Sendable {
                 let path = host.replica.withNamespace { ns in ns.path(of: failure.ino) } ?? "inode \(failure.ino)"
                 failing.append(["container": host.id, "path": path, "attempts": failure.attempts, "error": failure.message])
             }
+            for record in engine.quarantinedRecords {
+                quarantined.append(["container": host.id, "seq": Int(record.seq), "reason": record.reason,
+                                    "date": isoDate(record.date)])
+            }
             if let d = s.lastSync, d > (lastSync ?? .distantPast) { lastSync = d }
         }
         var out: [String: Any] = [
             "pid": Int(getpid()), "mountpoint": mountpoint, "store": daemon.storePath, "dataHome": daemon.locations.dataHome.path,
             "storeReachable": reachable, "containers": perContainer, "failingUploads": failing,
+            "quarantinedRecords": quarantined,
             "recentErrors": errors.sorted { $0.0 < $1.0 }.suffix(20).map { ["date": isoDate($0.0), "message": $0.1] },
         ]
         switch kind {

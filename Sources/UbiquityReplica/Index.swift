@@ -71,6 +71,12 @@ final class Index: Sendable {
             try db.execute(sql: "ALTER TABLE node ADD COLUMN verified_hash TEXT")
             try db.execute(sql: "ALTER TABLE node ADD COLUMN unacknowledged INTEGER NOT NULL DEFAULT 0")
         }
+        // Journal records skipped because they failed validation.
+        m.registerMigration("v4") { db in
+            try db.execute(sql: """
+                CREATE TABLE quarantined_record(seq INTEGER PRIMARY KEY, reason TEXT NOT NULL, date REAL NOT NULL)
+                """)
+        }
         return m
     }
 
@@ -145,6 +151,9 @@ final class Index: Sendable {
                         .execute(arguments: [Int64(bitPattern: parent), Data(name.bytes)])
                 case .meta(let key, let value):
                     try db.cachedStatement(sql: "INSERT OR REPLACE INTO meta VALUES (?,?)").execute(arguments: [key, value])
+                case .quarantine(let record):
+                    try db.cachedStatement(sql: "INSERT OR REPLACE INTO quarantined_record VALUES (?,?,?)")
+                        .execute(arguments: [Int64(bitPattern: record.seq), record.reason, record.date.timeIntervalSince1970])
                 }
             }
         }
@@ -229,6 +238,14 @@ final class Index: Sendable {
             }
             if let applied = try String.fetchOne(db, sql: "SELECT value FROM meta WHERE key = 'applied_seq'"), let n = UInt64(applied) {
                 ns.appliedSeq = n
+            }
+            // (A read-only open of an index not migrated yet has no such table.)
+            if try db.tableExists("quarantined_record") {
+                let rows = try Row.fetchCursor(db, sql: "SELECT seq, reason, date FROM quarantined_record ORDER BY seq")
+                while let row = try rows.next() {
+                    ns.quarantined.append(QuarantinedRecord(seq: UInt64(bitPattern: row[0]), reason: row[1],
+                                                            date: Date(timeIntervalSince1970: row[2])))
+                }
             }
         }
         return ns

@@ -126,6 +126,7 @@ public struct DeviceIdentity: Codable, Sendable {
             guard var identity = try? JSONDecoder().decode(DeviceIdentity.self, from: data) else {
                 throw UbiquityError(EINVAL, "device identity \(url.path) is damaged; remove it to make this a new device")
             }
+            identity.name = usableName(identity.name)
             if let name, name != identity.name {
                 identity.name = name
                 try JSONEncoder().encode(identity).write(to: url, options: .atomic)
@@ -135,9 +136,23 @@ public struct DeviceIdentity: Codable, Sendable {
         var buffer = [CChar](repeating: 0, count: 256)
         gethostname(&buffer, 255)
         let host = String(decoding: buffer.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
-        let identity = DeviceIdentity(id: UUID().uuidString.lowercased(), name: name ?? (host.isEmpty ? "device" : host))
+        let identity = DeviceIdentity(id: UUID().uuidString.lowercased(), name: name ?? usableName(host))
         try FileManager.default.createDirectory(at: dataHome, withIntermediateDirectories: true)
         try JSONEncoder().encode(identity).write(to: url, options: .atomic)
         return identity
+    }
+
+    /// A name every reader of this device's records accepts (see
+    /// `RecordFormat.problem(deviceName:)`): a host name or an older
+    /// identity's name gets '-' for control characters and '/', and is cut
+    /// to 64 characters and 255 bytes.
+    static func usableName(_ name: String) -> String {
+        var cleaned = ""
+        for scalar in name.unicodeScalars {
+            let kept: Unicode.Scalar = scalar == "/" || scalar.properties.generalCategory == .control ? "-" : scalar
+            guard cleaned.unicodeScalars.count < 64, cleaned.utf8.count + kept.utf8.count <= 255 else { break }
+            cleaned.unicodeScalars.append(kept)
+        }
+        return cleaned.isEmpty ? "device" : cleaned
     }
 }

@@ -26,6 +26,8 @@ public struct Namespace: Sendable {
     public internal(set) var pendingEntryBase: [EntryKey: UInt64] = [:]
     /// Highest journal sequence number applied to this replica.
     public internal(set) var appliedSeq: UInt64 = 0
+    /// Journal records skipped because they failed validation, oldest first.
+    public internal(set) var quarantined: [QuarantinedRecord] = []
 
     var nextIno: UInt64 = 2
     var nextCookie: UInt64 = 3   // 0 = start, 1 = ".", 2 = ".."
@@ -435,6 +437,17 @@ public struct Namespace: Sendable {
         log.append(.meta(key: "applied_seq", value: String(seq)))
     }
 
+    /// Skip journal record `record.seq` for good: it failed validation.
+    /// Written with the new `appliedSeq` in one commit, so a restart neither
+    /// tries it again nor forgets it. Only the puller calls this, never
+    /// inside a transaction.
+    public mutating func quarantine(_ record: QuarantinedRecord) {
+        precondition(undo == nil, "a quarantine is recorded by the puller, not inside a transaction")
+        quarantined.append(record)
+        log.append(.quarantine(record))
+        setAppliedSeq(record.seq)
+    }
+
     /// Move dirty node rows into the write log (called under the lock, so the
     /// log keeps the order in which the namespace changed).
     mutating func takeLog() -> [IndexOp] {
@@ -607,4 +620,19 @@ enum IndexOp: Sendable {
     case pendingEntry(parent: UInt64, name: FileName, change: UInt64, base: UInt64)
     case clearPendingEntry(parent: UInt64, name: FileName)
     case meta(key: String, value: String)
+    case quarantine(QuarantinedRecord)
+}
+
+/// A journal record this replica skipped: its number, why, and when (see
+/// `SyncEngine.pull`).
+public struct QuarantinedRecord: Sendable, Equatable {
+    public var seq: UInt64
+    public var reason: String
+    public var date: Date
+
+    public init(seq: UInt64, reason: String, date: Date = Date()) {
+        self.seq = seq
+        self.reason = reason
+        self.date = date
+    }
 }

@@ -39,12 +39,14 @@ public struct FileName: Hashable, Sendable, Comparable, CustomStringConvertible,
     public init(from decoder: any Decoder) throws {
         if let string = try? decoder.singleValueContainer().decode(String.self) {
             bytes = Array(string.utf8)
-        } else {
-            let c = try decoder.container(keyedBy: Keys.self)
-            guard let data = Data(base64Encoded: try c.decode(String.self, forKey: .base64)) else {
-                throw DecodingError.dataCorruptedError(forKey: .base64, in: c, debugDescription: "bad base64 name")
+        } else if let c = try? decoder.container(keyedBy: Keys.self), let base64 = try? c.decode(String.self, forKey: .base64) {
+            guard let data = Data(base64Encoded: base64) else {
+                throw DecodingError.dataCorruptedError(forKey: .base64, in: c, debugDescription: "name is not valid base64")
             }
             bytes = Array(data)
+        } else {
+            throw DecodingError.dataCorrupted(.init(codingPath: decoder.codingPath,
+                                                    debugDescription: "name is neither a string nor {\"base64\": …}"))
         }
     }
 

@@ -68,7 +68,7 @@ public final class FolderStore: Store {
             throw UbiquityError(ENOTDIR, "store \(self.root.path) is not a folder")
         }
         if let data = fm.contents(atPath: markerURL.path) {
-            guard let marker = try? JSONDecoder().decode(Marker.self, from: data), !marker.storeID.isEmpty else {
+            guard let marker = try? JSONDecoder().decode(Marker.self, from: data), RecordFormat.isValidID(marker.storeID) else {
                 throw UbiquityError(EINVAL, "store marker \(markerURL.path) is damaged; refusing to use this folder as a store")
             }
             guard marker.format <= Self.formatVersion else {
@@ -179,10 +179,15 @@ public final class FolderStore: Store {
         try checkReachable()
         let url = containerDir(container).appendingPathComponent("container.json")
         guard let data = FileManager.default.contents(atPath: url.path) else { return nil }
+        // Checked as it is read: the display name becomes a folder's name on every drive.
         do {
-            return try JSONDecoder().decode(ContainerConfig.self, from: data)
+            let config = try JSONDecoder().decode(ContainerConfig.self, from: data)
+            try config.validate()
+            guard config.id == container else { throw UbiquityError(EINVAL, "its ID is \(RecordFormat.quoted(config.id))") }
+            return config
         } catch {
-            throw UbiquityError(EINVAL, "container configuration \(url.path) is damaged: \(error)")
+            let problem = (error as? DecodingError).map(ChangeSet.describe) ?? UbiquityError.wrap(error).message
+            throw UbiquityError(EINVAL, "container configuration \(url.path) is damaged: \(RecordFormat.printable(problem))")
         }
     }
 
@@ -229,7 +234,7 @@ public final class FolderStore: Store {
 
     public func commit(container: String, seq: UInt64, changeSet: ChangeSet) throws -> Bool {
         try checkReachable()
-        let data = try JSONEncoder().encode(changeSet)
+        let data = try changeSet.encodedRecord(seq: seq)
         do {
             try Self.publish(data, at: journalURL(container, seq), tmpDir: root.appendingPathComponent("tmp"), exclusive: true, mode: fileMode)
             return true
@@ -238,22 +243,56 @@ public final class FolderStore: Store {
         }
     }
 
-    public func journal(container: String, after seq: UInt64, limit: Int) throws -> [(seq: UInt64, changeSet: ChangeSet)] {
+    public func journal(container: String, after seq: UInt64, limit: Int) throws -> [JournalRecord] {
         try checkReachable()
-        var records: [(seq: UInt64, changeSet: ChangeSet)] = []
+        var records: [JournalRecord] = []
         var next = seq + 1
-        let decoder = JSONDecoder()
-        while records.count < limit {
-            let url = journalURL(container, next)
-            guard let data = FileManager.default.contents(atPath: url.path) else { break }
-            do {
-                records.append((next, try decoder.decode(ChangeSet.self, from: data)))
-            } catch {
-                throw UbiquityError(EIO, "journal record \(url.path) is damaged: \(error)")
-            }
+        while records.count < limit, let record = try readRecord(container: container, seq: next) {
+            records.append(record)
             next += 1
         }
         return records
+    }
+
+    /// Journal record `seq`, or nil if there is none (the end of the
+    /// journal). Whatever holds the number but is not a readable change set
+    /// (a symlink, a folder, a FIFO, a file too large, bytes that do not
+    /// decode or check) is an `.invalid` record: its number is taken, and
+    /// readers skip it. A file that cannot be read *now* (permissions, an
+    /// I/O error) throws: it may be readable later, and skipping it would
+    /// lose its changes for good.
+    func readRecord(container: String, seq: UInt64) throws -> JournalRecord? {
+        let path = journalURL(container, seq).path
+        // O_NONBLOCK: opening a FIFO must not wait for a writer.
+        let fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK)
+        if fd < 0 {
+            let code = errno
+            switch code {
+            case ENOENT: return nil
+            case ELOOP: return JournalRecord(seq: seq, content: .invalid(reason: "a symbolic link, not a file"))
+            default: throw UbiquityError(code == EACCES ? EACCES : EIO, "cannot read journal record \(path): \(String(cString: strerror(code)))")
+            }
+        }
+        defer { close(fd) }
+        var st = stat()
+        guard fstat(fd, &st) == 0 else { throw UbiquityError.posix("stat journal record \(path)") }
+        guard (st.st_mode & S_IFMT) == S_IFREG else {
+            return JournalRecord(seq: seq, content: .invalid(reason: "not a regular file"))
+        }
+        guard st.st_size <= RecordFormat.maxRecordBytes else {
+            return JournalRecord(seq: seq, content: .invalid(reason: "record is \(st.st_size) bytes (at most \(RecordFormat.maxRecordBytes))"))
+        }
+        var data = Data(count: Int(st.st_size))
+        var done = 0
+        try data.withUnsafeMutableBytes { raw in
+            while done < raw.count {
+                let n = try syscallRetrying("read journal record \(path)") { pread(fd, raw.baseAddress! + done, raw.count - done, off_t(done)) }
+                if n == 0 { break }
+                done += n
+            }
+        }
+        data.count = done
+        return JournalRecord(seq: seq, data: data)
     }
 
     public func blobSize(_ hash: String) throws -> UInt64? {

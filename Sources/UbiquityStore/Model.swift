@@ -50,7 +50,16 @@ public struct Timespec: Codable, Hashable, Sendable, Comparable {
 
     // Encoded as one integer of nanoseconds: compact in the journal.
     public init(from decoder: any Decoder) throws {
-        self.init(nanoseconds: try decoder.singleValueContainer().decode(Int64.self))
+        let c = try decoder.singleValueContainer()
+        if let nanoseconds = try? c.decode(Int64.self) {
+            self.init(nanoseconds: nanoseconds)
+            return
+        }
+        if let value = try? c.decode(Double.self) {
+            throw DecodingError.dataCorruptedError(in: c, debugDescription: value.rounded() != value
+                ? "\(value) is not an integer" : "\(value) is out of range (nanoseconds since 1970, 64 bits)")
+        }
+        self.init(nanoseconds: try c.decode(Int64.self))   // not a number: its own error
     }
 
     public func encode(to encoder: any Encoder) throws {
@@ -96,6 +105,49 @@ public struct NodeState: Codable, Hashable, Sendable {
         self.chunked = chunked ? true : nil
         self.conflicts = conflicts.isEmpty ? nil : conflicts
     }
+
+    enum CodingKeys: String, CodingKey {
+        case id, kind, mode, uid, gid, size, hash, target, rdev, mtime, ctime, btime, xattrs, base, chunked, conflicts
+    }
+
+    // Decoded by hand for clear reasons ("size -5 is negative"); the field
+    // rules are checked after decoding (`ChangeSet.validate`).
+    public init(from decoder: any Decoder) throws {
+        let c = try decoder.container(keyedBy: CodingKeys.self)
+        id = try c.decode(NodeID.self, forKey: .id)
+        let kindName = try c.decode(String.self, forKey: .kind)
+        guard let kind = NodeKind(rawValue: kindName) else {
+            throw DecodingError.dataCorruptedError(forKey: .kind, in: c, debugDescription: "unknown kind \(RecordFormat.quoted(kindName))")
+        }
+        self.kind = kind
+        mode = try c.decodeUnsigned(UInt32.self, forKey: .mode)
+        uid = try c.decodeUnsigned(UInt32.self, forKey: .uid)
+        gid = try c.decodeUnsigned(UInt32.self, forKey: .gid)
+        size = try c.decodeUnsigned(UInt64.self, forKey: .size)
+        hash = try c.decodeIfPresent(String.self, forKey: .hash)
+        target = try c.decodeIfPresent(String.self, forKey: .target)
+        rdev = try c.decodeUnsigned(UInt64.self, forKey: .rdev)
+        mtime = try c.decode(Timespec.self, forKey: .mtime)
+        ctime = try c.decode(Timespec.self, forKey: .ctime)
+        btime = try c.decode(Timespec.self, forKey: .btime)
+        xattrs = try c.decode([String: Data].self, forKey: .xattrs)
+        base = try c.decodeUnsigned(UInt64.self, forKey: .base)
+        chunked = try c.decodeIfPresent(Bool.self, forKey: .chunked)
+        conflicts = try c.decodeIfPresent([NodeID].self, forKey: .conflicts)
+    }
+}
+
+extension KeyedDecodingContainer {
+    /// A non-negative integer that fits `T`, with a reason that says what is wrong.
+    func decodeUnsigned<T: FixedWidthInteger & UnsignedInteger & Decodable>(_ type: T.Type, forKey key: Key) throws -> T {
+        if let value = try? decode(T.self, forKey: key) { return value }
+        func corrupted(_ text: String) -> DecodingError { DecodingError.dataCorruptedError(forKey: key, in: self, debugDescription: text) }
+        if let value = try? decode(Int64.self, forKey: key) { throw corrupted(value < 0 ? "\(value) is negative" : "\(value) is too large") }
+        if let value = try? decode(Double.self, forKey: key) {
+            throw corrupted(value.rounded() != value ? "\(value) is not an integer" : value < 0 ? "\(value) is negative" : "\(value) is too large")
+        }
+        return try decode(T.self, forKey: key)   // absent, null or not a number: its own error
+    }
 }
 
 /// One change inside a change set. Receivers apply all `node` changes
@@ -123,8 +175,8 @@ extension Change: Codable {
         case "entry":
             self = .entry(parent: try c.decode(NodeID.self, forKey: .parent), name: try c.decode(FileName.self, forKey: .name),
                           child: try c.decodeIfPresent(NodeID.self, forKey: .child))
-        case "delete": self = .deleteNode(id: try c.decode(NodeID.self, forKey: .id), base: try c.decode(UInt64.self, forKey: .base))
-        case let op: throw DecodingError.dataCorruptedError(forKey: .op, in: c, debugDescription: "unknown change '\(op)'")
+        case "delete": self = .deleteNode(id: try c.decode(NodeID.self, forKey: .id), base: try c.decodeUnsigned(UInt64.self, forKey: .base))
+        case let op: throw DecodingError.dataCorruptedError(forKey: .op, in: c, debugDescription: "unknown change \(RecordFormat.quoted(op))")
         }
     }
 
@@ -148,17 +200,38 @@ extension Change: Codable {
 }
 
 /// One committed journal record: everything one device pushed at once.
+/// The format is docs/STORE-FORMAT.md; `RecordFormat` reads and checks it.
 public struct ChangeSet: Codable, Sendable {
+    /// The record format version (`RecordFormat.version`; absent in records
+    /// written before it was recorded, which are version 1).
+    public var version: Int
     public var device: String
     public var deviceName: String
     public var date: Timespec
     public var changes: [Change]
 
     public init(device: String, deviceName: String, date: Timespec = .now(), changes: [Change]) {
+        self.version = RecordFormat.version
         self.device = device
         self.deviceName = deviceName
         self.date = date
         self.changes = changes
+    }
+
+    enum CodingKeys: String, CodingKey { case version, device, deviceName, date, changes }
+
+    /// The version is read first: a record of another version may have any shape.
+    public init(from decoder: any Decoder) throws {
+        let c = try decoder.container(keyedBy: CodingKeys.self)
+        version = try c.decodeIfPresent(Int.self, forKey: .version) ?? 1
+        guard version == RecordFormat.version else {
+            throw DecodingError.dataCorruptedError(forKey: .version, in: c, debugDescription:
+                "record version \(version) is not supported (this ubiquityfs reads version \(RecordFormat.version))")
+        }
+        device = try c.decode(String.self, forKey: .device)
+        deviceName = try c.decode(String.self, forKey: .deviceName)
+        date = try c.decode(Timespec.self, forKey: .date)
+        changes = try c.decode([Change].self, forKey: .changes)
     }
 }
 
@@ -178,12 +251,12 @@ public struct ContainerConfig: Codable, Hashable, Sendable {
         self.supportedFolderLevels = supportedFolderLevels
     }
 
-    /// A valid ID, and a display name that can be a folder name (1–255 bytes, no `/`).
+    /// A valid ID, and a display name that can be a folder name (a drive
+    /// shows it as one): the rules of an entry name (`RecordFormat.problem(name:)`).
     public func validate() throws {
         try Self.validate(id: id)
-        guard !displayName.isEmpty, displayName.utf8.count <= 255, !displayName.contains("/"),
-              displayName != ".", displayName != ".." else {
-            throw UbiquityError(EINVAL, "invalid display name '\(displayName)': 1 to 255 bytes, no '/'")
+        if let problem = RecordFormat.problem(name: FileName(displayName)) {
+            throw UbiquityError(EINVAL, "invalid display name \(RecordFormat.quoted(displayName)): it \(problem) (1 to 255 bytes, no '/' or NUL, not '.' or '..')")
         }
     }
 

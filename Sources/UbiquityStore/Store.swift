@@ -21,11 +21,15 @@ public protocol Store: Sendable {
     /// listed as damaged instead of failing the whole list.
     func containers() throws -> ContainerListing
 
-    /// Append `changeSet` as journal record `seq`. Returns `false` (and
-    /// writes nothing) when `seq` already exists: another device won.
+    /// Append `changeSet` as journal record `seq` (`ChangeSet.encodedRecord`).
+    /// Returns `false` (and writes nothing) when `seq` already exists:
+    /// another device won, or something else took the number.
     func commit(container: String, seq: UInt64, changeSet: ChangeSet) throws -> Bool
-    /// Journal records after `seq`, in order, at most `limit`.
-    func journal(container: String, after seq: UInt64, limit: Int) throws -> [(seq: UInt64, changeSet: ChangeSet)]
+    /// Journal records after `seq`, in order, at most `limit`, each decoded
+    /// and checked (`JournalRecord(seq:data:)`): a record that is there but
+    /// not a valid change set is returned `.invalid`, never thrown, so the
+    /// reader can skip it. Throws only when the journal cannot be read now.
+    func journal(container: String, after seq: UInt64, limit: Int) throws -> [JournalRecord]
 
     /// The size in bytes of blob `hash` as stored, or nil if the store does
     /// not have it. Cheap (a `stat`, a HEAD request): it does not read or

@@ -43,7 +43,7 @@ public final class InMemoryStore: Store {
     }
 
     public func commit(container: String, seq: UInt64, changeSet: ChangeSet) throws -> Bool {
-        let data = try JSONEncoder().encode(changeSet)
+        let data = try changeSet.encodedRecord(seq: seq)
         return state.withLock { s in
             if s.journals[container, default: [:]][seq] != nil { return false }
             s.journals[container, default: [:]][seq] = data
@@ -51,7 +51,7 @@ public final class InMemoryStore: Store {
         }
     }
 
-    public func journal(container: String, after seq: UInt64, limit: Int) throws -> [(seq: UInt64, changeSet: ChangeSet)] {
+    public func journal(container: String, after seq: UInt64, limit: Int) throws -> [JournalRecord] {
         let records: [(UInt64, Data)] = state.withLock { s in
             var out: [(UInt64, Data)] = []
             var next = seq + 1
@@ -61,7 +61,23 @@ public final class InMemoryStore: Store {
             }
             return out
         }
-        return try records.map { ($0.0, try JSONDecoder().decode(ChangeSet.self, from: $0.1)) }
+        return records.map { JournalRecord(seq: $0.0, data: $0.1) }
+    }
+
+    /// Test helper: put `data` as journal record `seq` as it is, unchecked
+    /// (a damaged record, or a hostile client's). `false` if `seq` is taken.
+    @discardableResult
+    public func putRecord(container: String, seq: UInt64, data: Data) -> Bool {
+        state.withLock { s in
+            if s.journals[container, default: [:]][seq] != nil { return false }
+            s.journals[container, default: [:]][seq] = data
+            return true
+        }
+    }
+
+    /// Test helper: the highest journal record number of `container` (0: none).
+    public func journalHead(container: String) -> UInt64 {
+        state.withLock { $0.journals[container]?.keys.max() ?? 0 }
     }
 
     public func blobSize(_ hash: String) throws -> UInt64? { state.withLock { $0.blobs[hash].map { UInt64($0.count) } } }
@@ -125,7 +141,7 @@ public final class FaultyStore: Store, CustomStringConvertible {
         try check(.commit)
         return try base.commit(container: container, seq: seq, changeSet: changeSet)
     }
-    public func journal(container: String, after seq: UInt64, limit: Int) throws -> [(seq: UInt64, changeSet: ChangeSet)] {
+    public func journal(container: String, after seq: UInt64, limit: Int) throws -> [JournalRecord] {
         try check(.journal)
         return try base.journal(container: container, after: seq, limit: limit)
     }

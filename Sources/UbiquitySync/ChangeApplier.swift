@@ -82,6 +82,39 @@ struct ChangeApplier {
         applyDeletions(deleted, to: &ns)
     }
 
+    /// Why `changeSet` cannot be applied to this replica, or nil. Its fields
+    /// were checked when it was read (`ChangeSet.validate`); this checks what
+    /// it refers to, before anything is applied, so a record is applied whole
+    /// or not at all: a node keeps its kind; an entry's folder is one this
+    /// device knows (or the record describes) and is a folder; an entry's
+    /// child is known or described. Every device that applied the journal up
+    /// to this record knows these nodes (the device that wrote the record
+    /// had applied it too, and describes every node it made since).
+    /// Removals and deletions of nodes this device no longer has are fine:
+    /// they change nothing. Cycles are not refused: `applyEntry` breaks them.
+    static func problem(with changeSet: ChangeSet, in ns: Namespace) -> String? {
+        var described: [NodeID: NodeKind] = [:]
+        for (index, change) in changeSet.changes.enumerated() {
+            guard case .node(let state) = change else { continue }
+            if let ino = ns.inoByID[state.id], let local = ns.node(ino), local.kind != state.kind {
+                return "node \(state.id) is a \(local.kind.rawValue) here, the record makes it a \(state.kind.rawValue) (change \(index + 1))"
+            }
+            described[state.id] = state.kind
+        }
+        func kind(_ id: NodeID) -> NodeKind? { described[id] ?? ns.inoByID[id].flatMap { ns.node($0)?.kind } }
+        for (index, change) in changeSet.changes.enumerated() {
+            guard case .entry(let parent, _, let child) = change, let child else { continue }
+            guard let parentKind = kind(parent) else {
+                return "entry parent \(parent) is not a known folder (change \(index + 1))"
+            }
+            guard parentKind == .directory else {
+                return "entry parent \(parent) is a \(parentKind.rawValue), not a folder (change \(index + 1))"
+            }
+            guard kind(child) != nil else { return "entry child \(child) is not a known node (change \(index + 1))" }
+        }
+        return nil
+    }
+
     static func describe(_ change: Change) -> String {
         switch change {
         case .node(let s): return "node \(s.id.prefix(4)) \(s.hash?.prefix(4) ?? "-")"

@@ -12,10 +12,17 @@ extension SyncEngine {
     /// If the index cannot record what was applied, it stays applied (and
     /// queued for the next commit): the kernel's caches are told all the
     /// same, then the error is thrown.
+    ///
+    /// A record that is not a valid change set (`JournalRecord.invalid`), or
+    /// that cannot apply to this replica (`ChangeApplier.problem`), is
+    /// quarantined: nothing of it is applied, the cursor moves past it (so
+    /// the next commit takes a free number after it), and it is recorded
+    /// with the reason in the index (shown by `status`, logged once).
     @discardableResult
     public func pull() throws -> ReplicaChanges {
         var all = ReplicaChanges()
         var unrecorded: (any Error)?
+        var quarantined: [QuarantinedRecord] = []
         try pullLock.withLock { _ in
             while true {
                 let after = replica.withNamespace { ns in ns.appliedSeq }
@@ -24,10 +31,23 @@ extension SyncEngine {
                 for record in records {
                     let changed = replica.withNamespace { ns -> ReplicaChanges in
                         guard record.seq == ns.appliedSeq + 1 else { return ReplicaChanges() }
+                        // This device's own records were applied when it made them.
+                        let remote = record.changeSet.flatMap { $0.device == device.id ? nil : $0 }
+                        let problem: String?
+                        switch record.content {
+                        case .invalid(let reason): problem = reason
+                        case .changeSet: problem = remote.flatMap { ChangeApplier.problem(with: $0, in: ns) }
+                        }
+                        if let problem {
+                            let skipped = QuarantinedRecord(seq: record.seq, reason: problem)
+                            quarantined.append(skipped)
+                            ns.quarantine(skipped)
+                            return ReplicaChanges()
+                        }
                         var changed = ReplicaChanges()
-                        if record.changeSet.device != device.id {
+                        if let remote {
                             var applier = ChangeApplier(seq: record.seq, deviceName: device.name)
-                            applier.apply(record.changeSet, to: &ns)
+                            applier.apply(remote, to: &ns)
                             changed = applier.changes
                         }
                         ns.setAppliedSeq(record.seq)
@@ -45,6 +65,9 @@ extension SyncEngine {
                 }
             }
         }
+        for record in quarantined {
+            logger.error("quarantined journal record \(record.seq) of \(container) (not applied, skipped): \(record.reason)")
+        }
         status.withLock { s in s.lastSync = Date(); s.storeReachable = true }
         if !all.isEmpty, let observer = observer.withLock({ $0 }) { observer.replicaChanged(all) }
         for ino in all.refresh { startDownload(ino: ino, background: true) }
@@ -52,6 +75,8 @@ extension SyncEngine {
         return all
     }
 
+    /// The journal records this replica skipped because they failed validation.
+    public var quarantinedRecords: [QuarantinedRecord] { replica.withNamespace { $0.quarantined } }
 }
 
 /// What a pull changed, limited to what the kernel may have cached (nodes

@@ -23,7 +23,8 @@ import Glibc
 /// retries.
 ///
 /// **Pull.** Records after the replica's `appliedSeq` are applied in order;
-/// the device's own records are skipped (already applied locally).
+/// the device's own records are skipped (already applied locally), and a
+/// record that fails validation is quarantined (see `pull`).
 ///
 /// **Held content.** When started, a thread checks once that the store
 /// holds every file this device holds, and puts back what it lost
@@ -113,10 +114,13 @@ public final class SyncEngine: Sendable {
     func pullLoop(pollInterval: Double) {
         var watcher = store.watchJournal(container: container)
         defer { watcher?.close(); pullThreadDone.signal() }
+        // The last error logged: the same error every poll is logged once.
+        var lastError: String?
         while !stopped.withLock({ $0 }) {
             do {
                 let wasReachable = status.withLock { $0.storeReachable }
                 try pull()
+                lastError = nil
                 if !wasReachable {
                     logger.info("the store is reachable again; pushing what was queued")
                     wake.signal()
@@ -127,7 +131,9 @@ public final class SyncEngine: Sendable {
                     watcher = store.watchJournal(container: container)
                 }
             } catch {
-                record(error: error)
+                let text = "\(error)"
+                record(error: error, log: text != lastError)
+                lastError = text
                 watcher?.close()
                 watcher = nil
             }
@@ -171,13 +177,19 @@ public final class SyncEngine: Sendable {
         pushThreadDone.signal()
     }
 
-    public func record(error: any Error) {
+    /// Note a failure in the status (and the log, unless `log` is false:
+    /// the same failure again).
+    public func record(error: any Error, log: Bool = true) {
         let text = "\(error)"
-        logger.error("sync: \(text)")
+        if log { logger.error("sync: \(text)") }
         status.withLock { s in
             s.lastError = text
             s.lastErrorDate = Date()
-            s.recentErrors.append(SyncStatus.Failure(date: Date(), message: text))
+            if s.recentErrors.last?.message == text {
+                s.recentErrors[s.recentErrors.count - 1].date = Date()
+            } else {
+                s.recentErrors.append(SyncStatus.Failure(date: Date(), message: text))
+            }
             if s.recentErrors.count > 10 { s.recentErrors.removeFirst(s.recentErrors.count - 10) }
             s.storeReachable = !(error is UbiquityError && (error as! UbiquityError).errno == EHOSTDOWN)
         }
@@ -327,8 +339,13 @@ public final class SyncEngine: Sendable {
                 logger.debug("pushed journal \(seq): \(batch.changes.count) changes")
                 return true
             }
-            // Another device committed first: catch up, then rebuild the batch.
+            // Another device committed first (or something else took the
+            // number: a record the pull quarantines): catch up, then rebuild
+            // the batch for the next free number.
             try pull()
+            guard replica.withNamespace({ $0.appliedSeq }) >= seq else {
+                throw UbiquityError(EIO, "journal record \(seq) of \(container) exists but was not read; pushing waits for it")
+            }
         }
     }
 

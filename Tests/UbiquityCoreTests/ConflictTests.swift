@@ -269,5 +269,6 @@ import Glibc
         let present = Set(trees[0].values.compactMap { $0.hasPrefix("file") ? String($0.split(separator: " ", maxSplits: 2)[2]) : nil })
         let lost = written.subtracting(present).subtracting(deletedContent)
         #expect(lost.isEmpty, "lost: \(lost.sorted())")
+        for d in devices { #expect(d.engine.quarantinedRecords.isEmpty, "every record devices write applies") }
     }
 }

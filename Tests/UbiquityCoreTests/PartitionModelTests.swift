@@ -196,6 +196,10 @@ import Glibc
             }
             ok = ok && links.isEmpty
             #expect(links.isEmpty, "device \(actor.label) has files with several names: \(links)\n\(context)")
+            // Every record devices write is valid and applies: none is quarantined.
+            let quarantined = actor.device.engine.quarantinedRecords
+            ok = ok && quarantined.isEmpty
+            #expect(quarantined.isEmpty, "device \(actor.label) quarantined \(quarantined)\n\(context)")
         }
         return ok
     }

@@ -185,7 +185,7 @@ import Glibc
         #expect(try store.commit(container: "com.example.a", seq: 1, changeSet: set))
         #expect(try !store.commit(container: "com.example.a", seq: 1, changeSet: set))
         let records = try store.journal(container: "com.example.a", after: 0, limit: 10)
-        #expect(records.count == 1 && records[0].changeSet.changes == set.changes)
+        #expect(records.count == 1 && records[0].changeSet?.changes == set.changes)
     }
 
     @Test func refusesWhatIsNotAStore() throws {
