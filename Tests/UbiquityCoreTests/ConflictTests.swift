@@ -129,9 +129,13 @@ import Glibc
         // The folder was never deleted in the store (not deleted and made again).
         let folderIno = try b.resolve("d")
         let folderID = try #require(b.replica.withNamespace { ns in ns.node(folderIno)?.id })
-        for (seq, set) in try store.journal(container: TestDevice.container, after: 0, limit: 1000) {
+        for record in try store.journal(container: TestDevice.container, after: 0, limit: 1000) {
+            guard case .changeSet(let set) = record.content else {
+                Issue.record("record \(record.seq) is invalid")
+                continue
+            }
             for change in set.changes {
-                if case .deleteNode(let id, _) = change { #expect(id != folderID, "change set \(seq) deletes the folder") }
+                if case .deleteNode(let id, _) = change { #expect(id != folderID, "change set \(record.seq) deletes the folder") }
             }
         }
     }
