@@ -12,6 +12,7 @@ public struct UbiquityCommand: ParsableCommand {
     public static let configuration = CommandConfiguration(
         commandName: "ubiquityfs",
         abstract: "Mount synced containers (iCloud Documents for Linux).",
+        version: "ubiquityfs \(ubiquityVersion)",
         subcommands: [Mount.self, Unmount.self, Status.self, Download.self, Evict.self, Pin.self, Unpin.self,
                       Versions.self, Resolve.self, Container.self, QueryCommand.self])
 
@@ -55,7 +56,8 @@ struct Mount: ParsableCommand {
     @Option(name: .customShort("o"), help: "Extra FUSE mount options, comma-separated.") var options: [String] = []
     @Option(help: "Seconds between checks of the store for other devices' changes (the folder store also notifies at once through inotify).")
     var pollInterval: Double = 1
-    @Option(help: "Keep at most this much downloaded content per container (e.g. 500M, 20G); least recently used files are evicted first.")
+    @Option(parsing: .unconditional,
+            help: "Keep at most this much downloaded content per container (e.g. 500M, 20G); least recently used files are evicted first.")
     var cacheSize: String?
     @Option(help: "This device's name, used in conflicted-copy names (default: the host name; remembered).")
     var deviceName: String?
@@ -66,8 +68,9 @@ struct Mount: ParsableCommand {
     @Option(help: .hidden) var notifyFd: Int32?
 
     func validate() throws {
+        guard !mountpoint.isEmpty else { throw ValidationError("the mountpoint is empty: name an existing, empty directory") }
         guard pollInterval > 0, pollInterval <= 3600 else {
-            throw ValidationError("--poll-interval must be between 0 and 3600 seconds")
+            throw ValidationError("--poll-interval must be more than 0 and at most 3600 seconds (got \(pollInterval.formatted()))")
         }
         if let deviceName, deviceName.count > 64 || deviceName.contains("/") || RecordFormat.problem(deviceName: deviceName) != nil {
             throw ValidationError("--device-name must be 1 to 64 characters (at most 255 bytes) without '/' or control characters")
@@ -252,7 +255,7 @@ struct Unmount: ParsableCommand {
                 if let progress = line["progress"] as? [String: Any] {
                     let items = progress["items"] as? Int ?? 0
                     let bytes = progress["bytes"] as? Int ?? 0
-                    let text = "Pushing to the store: \(items) items, \(formatBytes(UInt64(bytes))) left"
+                    let text = "Pushing to the store: \(counted(items, "item")), \(formatBytes(UInt64(bytes))) left"
                     // Nothing to report while nothing was ever pending (each container answers once).
                     if text != lastLine && !(items == 0 && lastLine.isEmpty) {
                         FileHandle.standardError.write(Data(((isTTY ? "\r\u{1b}[K" : "") + text + (isTTY ? "" : "\n")).utf8))
@@ -345,10 +348,10 @@ struct Status: ParsableCommand {
         print("Items:        \(status["items"] ?? 0) (Documents scope \(status["documentsItems"] ?? 0), Data scope \(status["dataItems"] ?? 0))")
         for container in status["containers"] as? [[String: Any]] ?? [] {
             let folder = (container["folder"] as? String).map { " in \($0 == "/" ? "the root" : "folder \"\($0)\"")" } ?? ""
-            print("  \(container["id"] ?? "?")\(folder): \(container["items"] ?? 0) items (Documents \(container["documentsItems"] ?? 0), Data \(container["dataItems"] ?? 0)), \(container["pendingItems"] ?? 0) to upload, \(container["downloadingItems"] ?? 0) downloading")
+            print("  \(container["id"] ?? "?")\(folder): \(counted(container["items"] as? Int ?? 0, "item")) (Documents \(container["documentsItems"] ?? 0), Data \(container["dataItems"] ?? 0)), \(container["pendingItems"] ?? 0) to upload, \(container["downloadingItems"] ?? 0) downloading")
         }
-        print("Uploads:      \(status["pendingItems"] ?? 0) items, \(bytes("pendingBytes")) pending")
-        print("Downloads:    \(status["downloadingItems"] ?? 0) items, \(bytes("downloadingBytes")) to go")
+        print("Uploads:      \(counted(status["pendingItems"] as? Int ?? 0, "item")), \(bytes("pendingBytes")) pending")
+        print("Downloads:    \(counted(status["downloadingItems"] as? Int ?? 0, "item")), \(bytes("downloadingBytes")) to go")
         let limit = status["cacheLimitBytes"].map { " of \(formatBytes(UInt64($0 as? Int ?? 0)))" } ?? ""
         print("Local:        \(bytes("cachedBytes"))\(limit) downloaded")
         print("Last sync:    \(status["lastSync"] ?? "never")")
@@ -370,6 +373,12 @@ struct Status: ParsableCommand {
         }
     }
 }
+
+/// This build's version (`ubiquityfs --version`).
+let ubiquityVersion = "0.5.0"
+
+/// "1 item", "2 items".
+func counted(_ count: Int, _ noun: String) -> String { "\(count) \(noun)\(count == 1 ? "" : "s")" }
 
 func formatBytes(_ bytes: UInt64) -> String {
     let units = ["B", "KiB", "MiB", "GiB", "TiB"]

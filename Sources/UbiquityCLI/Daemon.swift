@@ -383,7 +383,7 @@ final class Daemon: @unchecked Sendable {
                 if unused {
                     try? host.replica.commitAndCheckpoint()
                     let pending = host.replica.withNamespace { ns in ns.pendingSummary() }
-                    logger.info("\(host.id) closed; \(pending.items) items (\(pending.bytes) bytes) left in the queue for the next mount")
+                    logger.info("\(host.id) closed; \(counted(pending.items, "item")) (\(pending.bytes) bytes) left in the queue for the next mount")
                     host.replica.releaseLock()
                 }
             }

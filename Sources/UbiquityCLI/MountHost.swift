@@ -262,7 +262,7 @@ final class MountHost: @unchecked Sendable {
         } catch {
             unmountWaiter.withLock { $0 = nil }
             let pending = hosts.map { host in host.replica.withNamespace { ns in ns.pendingSummary() }.items }.reduce(0, +)
-            connection.send(["error": "cannot push to the store (\(UbiquityError.wrap(error))); \(pending) items stay queued. `ubiquityfs unmount --force` detaches now and keeps them for the next mount"])
+            connection.send(["error": "cannot push to the store (\(UbiquityError.wrap(error))); \(counted(pending, "item")) stay queued. `ubiquityfs unmount --force` detaches now and keeps them for the next mount"])
         }
     }
 
