@@ -64,6 +64,7 @@ struct ContainerList: ParsableCommand {
     func run() throws {
         do {
             let listing = try storeOption.open().containers()
+            if !json && !listing.configs.isEmpty { print("ID\tNAME\tDOCUMENTS\tFOLDER LEVELS") }
             for c in listing.configs {
                 if json {
                     print(String(decoding: try JSONEncoder().encode(c), as: UTF8.self))

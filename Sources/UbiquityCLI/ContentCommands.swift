@@ -106,6 +106,11 @@ struct Resolve: ParsableCommand {
     @Argument(help: "A file inside a mount.") var path: String
     @Option(help: "current, both, or a version number from `ubiquityfs versions`.") var keep: String
     func run() throws {
-        do { try MountLocator.run("resolve", paths: [path], extra: ["keep": keep]) } catch { fail(error) }
+        do {
+            try MountLocator.run("resolve", paths: [path], extra: ["keep": keep])
+        } catch {
+            let e = UbiquityError.wrap(error)
+            fail(UbiquityError(e.errno, "\(path): \(e)"))
+        }
     }
 }

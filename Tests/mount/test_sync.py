@@ -534,6 +534,8 @@ def test_concurrent_edits_keep_both_as_conflicted_copy(make_device, store_link, 
             assert os.getxattr(root / "doc.txt", "user.ubiquity.conflicts") == b"0"
 
     eventually(resolved_everywhere, 20, 0.25, "resolve --keep 1 reaches both devices")
+    again = a.cli("resolve", str(A / "doc.txt"), "--keep", "current", timeout=30)
+    assert again.returncode == 1 and f"{A / 'doc.txt'}: it has no unresolved conflicts" in again.stderr, again
 
 
 # --------------------------------------------------------------------------

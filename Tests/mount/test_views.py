@@ -37,6 +37,7 @@ def test_container_configuration_is_validated_and_kept_in_the_store(store):
     assert bad.returncode != 0 and "invalid container ID" in bad.stderr
     assert container(store, "set", CONTAINER, "--folder-levels", "none").returncode == 0
     listed = container(store, "list").stdout
+    assert listed.splitlines()[0] == "ID\tNAME\tDOCUMENTS\tFOLDER LEVELS", listed
     assert f"{CONTAINER}\tNotes\tpublic\tnone" in listed
 
 
