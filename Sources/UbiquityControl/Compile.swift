@@ -10,6 +10,8 @@ typealias ItemMatcher = @Sendable (MetadataItem) -> Bool
 /// missing or `.null` value, `!= nil` is its negation; `!=` is always the negation
 /// of `==`; every other comparison with no value, or with a `nil` literal, is false.
 /// Dates compare at whole-second resolution (both sides rounded down).
+/// A string `==` whose literal holds `*` or `?` is a wildcard match, as LIKE
+/// (Spotlight's rule; `NSMetadataItemFSNameKey == '*'` matches every item).
 enum Compiler {
     static func compile(_ predicate: Predicate) -> ItemMatcher {
         switch predicate {
@@ -92,6 +94,15 @@ enum Compiler {
     private static func compileString(_ c: Comparison) -> ItemMatcher {
         let key = c.attribute.name
         let literals = c.values.map { if case .string(let s) = $0 { s } else { "" } }
+        // Spotlight's `==` on a string with `*` or `?` is a wildcard match, as LIKE.
+        if c.op == .equal || c.op == .notEqual, literals[0].contains(where: { $0 == "*" || $0 == "?" }) {
+            let pattern = WildcardPattern(like: literals[0], options: c.options)
+            let negate = c.op == .notEqual
+            return { item in
+                guard case .string(let s)? = item.values[key] else { return negate }
+                return pattern.matches(s) != negate
+            }
+        }
         if c.op.isStringOnly {
             let pattern = c.op == .like
                 ? WildcardPattern(like: literals[0], options: c.options)

@@ -96,6 +96,13 @@ enum Attributes {
         "NSMetadataUbiquitousItemUploadingErrorKey": "uploadingError",
     ]
 
+    /// Apple's constant names that may stand where a value does (exact spelling).
+    static let constants: [String: Literal] = [
+        "NSMetadataUbiquitousItemDownloadingStatusCurrent": .string("current"),
+        "NSMetadataUbiquitousItemDownloadingStatusDownloaded": .string("downloaded"),
+        "NSMetadataUbiquitousItemDownloadingStatusNotDownloaded": .string("notDownloaded"),
+    ]
+
     /// Every accepted spelling, lower-cased, to its attribute.
     private static let byLowercasedName: [String: Attribute] = {
         var table: [String: Attribute] = [:]

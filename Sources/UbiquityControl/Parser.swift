@@ -9,8 +9,9 @@
 ///     comparison := attribute operator modifier? operand
 ///                 | value ("==" | "!=" | "<" | "<=" | ">" | ">=") modifier? attribute
 ///     operand    := value | "{" (value ("," value)*)? "}"        (aggregates after IN / BETWEEN)
-///     value      := string | number | YES | NO | TRUE | FALSE | NIL | NULL
+///     value      := string | number | YES | NO | TRUE | FALSE | NIL | NULL | constant
 ///                 | CAST(string | number, "NSDate") | DATE(string | number)
+///     constant   := NSMetadataUbiquitousItemDownloadingStatus(Current | Downloaded | NotDownloaded)
 struct Parser {
     /// How deeply parentheses and NOTs may nest: the parser recurses once per
     /// level, and so does everything that walks the tree. A client of the
@@ -165,7 +166,7 @@ struct Parser {
 
     private mutating func parseComparison() throws(QueryError) -> Comparison {
         let first = current
-        if case .identifier(let name) = first.kind, keyword(first) == nil {
+        if case .identifier(let name) = first.kind, keyword(first) == nil, Attributes.constants[name] == nil {
             _ = advance()
             guard let attribute = Attributes.lookup(name) else {
                 throw QueryError(.name, "unknown attribute '\(name)'", column: first.column)
@@ -336,7 +337,8 @@ struct Parser {
     private func startsValue(_ token: Token) -> Bool {
         switch token.kind {
         case .string, .number: true
-        case .identifier: isKeyword(token, "YES", "NO", "TRUE", "FALSE", "NIL", "NULL", "CAST", "DATE")
+        case .identifier(let name):
+            isKeyword(token, "YES", "NO", "TRUE", "FALSE", "NIL", "NULL", "CAST", "DATE") || Attributes.constants[name] != nil
         default: false
         }
     }
@@ -369,6 +371,10 @@ struct Parser {
                 _ = advance()
                 return try parseDateFunction(token)
             case nil:
+                if let constant = Attributes.constants[name] {
+                    _ = advance()
+                    return constant
+                }
                 if Attributes.lookup(name) != nil {
                     throw QueryError(.syntax, "comparing two attributes is not supported; expected a value after \(previous.quoted)",
                                      column: token.column)

@@ -142,6 +142,37 @@ private func matches(_ predicate: String, _ values: [String: MetadataValue],
         #expect(matches("name != 'x'", wrong))
     }
 
+    @Test func equalityWithWildcardsMatchesAsLike() {
+        let file: [String: MetadataValue] = ["name": .string("Notes.TXT")]
+        #expect(matches("NSMetadataItemFSNameKey == '*'", file))
+        #expect(matches("NSMetadataItemFSNameKey == '*'", ["name": .string("")]))
+        #expect(!matches("NSMetadataItemFSNameKey == '*'", [:]))
+        #expect(matches("name == 'Notes.*'", file))
+        #expect(!matches("name == '*.txt'", file))
+        #expect(matches("name ==[c] '*.txt'", file))
+        #expect(matches("name == 'N?tes.TXT'", file))
+        #expect(!matches("name == 'N?tes'", file))
+        #expect(matches("name != '*.txt'", file))
+        #expect(!matches("name != '*.TXT'", file))
+        #expect(matches("name == \(Literal.quote("Notes\\*"))", ["name": .string("Notes*")]))
+        #expect(!matches("name == \(Literal.quote("Notes\\*"))", file))
+    }
+
+    @Test func appleConstantsAndBooleanLiterals() {
+        let current: [String: MetadataValue] = ["downloadingStatus": .string("current"), "isUploaded": .bool(false)]
+        #expect(matches("NSMetadataUbiquitousItemDownloadingStatusKey == NSMetadataUbiquitousItemDownloadingStatusCurrent", current))
+        #expect(!matches("NSMetadataUbiquitousItemDownloadingStatusKey == NSMetadataUbiquitousItemDownloadingStatusDownloaded", current))
+        #expect(matches("NSMetadataUbiquitousItemDownloadingStatusKey == NSMetadataUbiquitousItemDownloadingStatusNotDownloaded",
+                        ["downloadingStatus": .string("notDownloaded")]))
+        #expect(matches("NSMetadataUbiquitousItemDownloadingStatusCurrent == NSMetadataUbiquitousItemDownloadingStatusKey", current))
+        #expect(matches("NSMetadataUbiquitousItemDownloadingStatusKey IN {NSMetadataUbiquitousItemDownloadingStatusCurrent, 'x'}", current))
+        #expect(matches("NSMetadataUbiquitousItemIsUploadedKey == NO", current))
+        #expect(!matches("NSMetadataUbiquitousItemIsUploadedKey == YES", current))
+        #expect(matches("NSMetadataUbiquitousItemIsUploadedKey == FALSE", current))
+        #expect(matches("NSMetadataUbiquitousItemIsUploadedKey != TRUE", current))
+        #expect(throws: QueryError.self) { try Query(predicate: "size == NSMetadataUbiquitousItemDownloadingStatusCurrent") }
+    }
+
     @Test func constants() {
         #expect(matches("TRUEPREDICATE", [:]))
         #expect(!matches("FALSEPREDICATE", [:]))

@@ -868,3 +868,46 @@ def test_watch_on_one_device_follows_changes_made_on_another(make_device):
           % (throttle, ", ".join(f"{k} {v:.2f}s" for k, v in latencies.items())))
     for what, seconds in latencies.items():
         assert seconds < SYNC_TIMEOUT, f"{what} took {seconds:.1f}s"
+
+
+# --------------------------------------------------------------------------
+# 3. Predicates as iCloud apps write them (issue #9)
+# --------------------------------------------------------------------------
+
+
+def test_predicates_as_icloud_apps_write_them(make_device):
+    """The NSMetadataQuery spellings of the iCloud samples: `==` with
+    wildcards, Apple's constant names, YES/NO/TRUE/FALSE."""
+    dev = make_device("i", container=DEFAULT_CONTAINER)
+    root = dev.mountpoint
+    (root / "Documents" / "notes").mkdir(parents=True)
+    (root / "Documents" / "notes" / "todo.txt").write_text("todo\n")
+    (root / "Documents" / "photo.jpg").write_bytes(b"\xff\xd8\xff")
+    (root / "config.json").write_text("{}")
+    everything = run_query(dev, "TRUEPREDICATE", "path")
+    assert len(everything) == 5, everything
+    paths = [r["path"] for r in everything]
+
+    # `==` with `*` or `?` is a wildcard match, as LIKE; [c] still folds case.
+    assert [r["path"] for r in run_query(dev, "NSMetadataItemFSNameKey == '*'", "path")] == paths
+    assert [r["name"] for r in run_query(dev, "NSMetadataItemFSNameKey == '*.JPG'")] == []
+    assert [r["name"] for r in run_query(dev, "NSMetadataItemFSNameKey ==[c] '*.JPG'")] == ["photo.jpg"]
+    assert [r["name"] for r in run_query(dev, "NSMetadataItemFSNameKey == 'todo.tx?'")] == ["todo.txt"]
+    assert [r["name"] for r in run_query(dev, "name != '*.*'", "path")] == ["Documents", "notes"]
+
+    # Apple's constants for the downloading status and the boolean literals:
+    # the same items as the strings and values they stand for.
+    for status in ["Current", "Downloaded", "NotDownloaded"]:
+        value = status[0].lower() + status[1:]
+        expected = [r["path"] for r in everything if r["downloadingStatus"] == value]
+        found = run_query(dev, f"NSMetadataUbiquitousItemDownloadingStatusKey == "
+                               f"NSMetadataUbiquitousItemDownloadingStatus{status}", "path")
+        assert [r["path"] for r in found] == expected, status
+    assert {r["downloadingStatus"] for r in everything} == {"current"}
+
+    def uploaded():
+        assert [r["path"] for r in run_query(dev, "NSMetadataUbiquitousItemIsUploadedKey == YES", "path")] == paths
+    eventually(uploaded, what="every item uploaded")
+    for literal in ["NO", "FALSE", "no"]:
+        assert run_query(dev, f"NSMetadataUbiquitousItemIsUploadedKey == {literal}") == [], literal
+    assert len(run_query(dev, "NSMetadataUbiquitousItemIsUploadedKey == TRUE")) == 5
