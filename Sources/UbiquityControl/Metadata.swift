@@ -53,9 +53,12 @@ enum Attributes {
     /// The short attribute names with their types, in documentation order.
     static let all: [Attribute] = [
         Attribute(name: "name", type: .string),
+        Attribute(name: "displayName", type: .string),
         Attribute(name: "path", type: .string),
+        Attribute(name: "url", type: .string),
         Attribute(name: "size", type: .number),
         Attribute(name: "contentType", type: .string),
+        Attribute(name: "mimeType", type: .string),
         Attribute(name: "isDirectory", type: .bool),
         Attribute(name: "creationDate", type: .date),
         Attribute(name: "modificationDate", type: .date),
@@ -75,6 +78,9 @@ enum Attributes {
     static let aliases: [String: String] = [
         "NSMetadataItemFSNameKey": "name",
         "kMDItemFSName": "name",
+        "NSMetadataItemDisplayNameKey": "displayName",
+        "kMDItemDisplayName": "displayName",
+        "NSMetadataItemURLKey": "url",
         "NSMetadataItemPathKey": "path",
         "kMDItemPath": "path",
         "NSMetadataItemFSSizeKey": "size",

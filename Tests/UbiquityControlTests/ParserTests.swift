@@ -173,7 +173,7 @@ private func parseError(_ text: String) -> QueryError? {
         for name in Query.attributeNames {
             #expect(Query.canonicalName(name) == name)
         }
-        #expect(Query.attributeNames.count == 17)
+        #expect(Query.attributeNames.count == 20)
         #expect(Query.attributeNames.contains("pinned"))
         #expect(Query.canonicalName("kmditemfsname") == "name")
         #expect(Query.canonicalName("NAME") == "name")

@@ -79,6 +79,11 @@ CONTENT_TYPES = {".md": "text/markdown", ".txt": "text/plain", ".png": "image/pn
                  ".json": "application/json", "": "application/octet-stream"}
 
 
+UTIS = {"inode/directory": "public.folder", "text/markdown": "net.daringfireball.markdown",
+        "text/plain": "public.plain-text", "image/png": "public.png", "application/json": "public.json",
+        "application/octet-stream": "public.data"}
+
+
 def content_type(name: str, is_dir: bool) -> str:
     if is_dir:
         return "inode/directory"
@@ -151,7 +156,7 @@ SORT_ALIASES = {
 def sort_value(item: Item, attribute: str):
     return {
         "name": lambda: nfc(item.name), "path": lambda: nfc(item.path), "size": lambda: item.size,
-        "modificationDate": lambda: item.mtime_sort, "contentType": lambda: item.content_type,
+        "modificationDate": lambda: item.mtime_sort, "contentType": lambda: UTIS[item.content_type],
         "isDirectory": lambda: item.is_dir,
     }[attribute]()
 
@@ -402,7 +407,7 @@ CASES = [
     ("name IN[cd] {'X.MD', 'NOTES.TXT', 'CAFE.JSON', 'NAIVE'}",
      lambda i: one_of(i.name, ["X.MD", "NOTES.TXT", "CAFE.JSON", "NAIVE"], "cd"), None, (), False),
     ("size IN {0, 1, 1024, 20000}", lambda i: i.size in {0, 1, 1024, 20000} , "size", (), False),
-    ("contentType IN {'image/png', 'application/json'}",
+    ("mimeType IN {'image/png', 'application/json'}",
      lambda i: i.content_type in {"image/png", "application/json"}, None, (), False),
     # ---- sizes
     ("size == 1000", lambda i: i.size == 1000, None, (), False),
@@ -435,10 +440,10 @@ CASES = [
     ("isDirectory = 0", lambda i: not i.is_dir, None, (), False),
     ("isDirectory != NO AND name BEGINSWITH[c] 'r'", lambda i: i.is_dir and begins(i.name, "r", "c"), None, (), False),
     ("isDirectory IN {YES}", lambda i: i.is_dir, None, (), False),
-    ("contentType == 'text/markdown'", lambda i: i.content_type == "text/markdown", None, (), False),
-    ("contentType == 'application/octet-stream'",
+    ("mimeType == 'text/markdown'", lambda i: i.content_type == "text/markdown", None, (), False),
+    ("mimeType == 'application/octet-stream'",
      lambda i: i.content_type == "application/octet-stream", None, (), False),
-    ("contentType BEGINSWITH 'text/'", lambda i: i.content_type.startswith("text/"), "contentType,-size", (), False),
+    ("mimeType BEGINSWITH 'text/'", lambda i: i.content_type.startswith("text/"), "contentType,-size", (), False),
     ("downloadingStatus == 'current'", lambda i: True, None, (), False),
     ("TRUEPREDICATE", lambda i: True, "isDirectory,-modificationDate", (), False),
     ("FALSEPREDICATE", lambda i: False, None, (), True),
@@ -448,7 +453,7 @@ CASES = [
     ("NSMetadataItemFSSizeKey > 10000 AND kMDItemFSSize < 12000",
      lambda i: 10000 < i.size < 12000, "NSMetadataItemFSSizeKey", (), False),
     ("NSMetadataItemPathKey BEGINSWITH '{root}/Documents'", lambda i: begins(i.path, "/Documents"), None, (), False),
-    ("kMDItemContentType == 'image/png'", lambda i: i.content_type == "image/png", "kMDItemFSName", (), False),
+    ("kMDItemContentType == 'public.png'", lambda i: i.content_type == "image/png", "kMDItemFSName", (), False),
     ("NAME endswith[C] '.TXT'", lambda i: ends(i.name, ".TXT", "c"), None, (), False),
     # ---- AND, OR, NOT, parentheses, precedence (NOT > AND > OR)
     ("isDirectory == YES OR size > 15000 AND name ENDSWITH '.md'",
@@ -654,8 +659,8 @@ def test_query_results_match_a_model_of_the_tree(make_device):
     for item in items:
         r = by_path.get(item.path)
         assert r is not None, f"{item.path!a} missing from TRUEPREDICATE"
-        assert (r["name"], r["size"], r["isDirectory"], r["contentType"], r["modificationDate"]) == \
-            (item.name, item.size, item.is_dir, item.content_type, iso(item.mtime_s)), (item, r)
+        assert (r["name"], r["size"], r["isDirectory"], r["mimeType"], r["contentType"], r["modificationDate"]) == \
+            (item.name, item.size, item.is_dir, item.content_type, UTIS[item.content_type], iso(item.mtime_s)), (item, r)
         assert created_after <= D(r["creationDate"]) <= created_before, (item, r)
         assert r["downloadingStatus"] == "current", r
 
@@ -931,6 +936,20 @@ def test_predicates_as_icloud_apps_write_them(make_device):
     for literal in ["NO", "FALSE", "no"]:
         assert run_query(dev, f"NSMetadataUbiquitousItemIsUploadedKey == {literal}") == [], literal
     assert len(run_query(dev, "NSMetadataUbiquitousItemIsUploadedKey == TRUE")) == 5
+
+    # URL, display name and content type (a UTI; the MIME type stays mimeType).
+    by_name = {r["name"]: r for r in run_query(dev, "TRUEPREDICATE", absolute=True)}
+    assert by_name["photo.jpg"]["url"] == f"file://{root}/Documents/photo.jpg"
+    assert by_name["notes"]["url"] == f"file://{root}/Documents/notes/"
+    assert all(r["displayName"] == name for name, r in by_name.items())
+    assert {name: (r["contentType"], r["mimeType"]) for name, r in by_name.items()} == {
+        "Documents": ("public.folder", "inode/directory"), "notes": ("public.folder", "inode/directory"),
+        "todo.txt": ("public.plain-text", "text/plain"), "photo.jpg": ("public.jpeg", "image/jpeg"),
+        "config.json": ("public.json", "application/json")}
+    url = f"file://{root}/Documents/notes/todo.txt"
+    assert [r["name"] for r in run_query(dev, f"NSMetadataItemURLKey == '{url}'")] == ["todo.txt"]
+    assert [r["name"] for r in run_query(dev, "NSMetadataItemContentTypeKey == 'public.jpeg'")] == ["photo.jpg"]
+    assert [r["name"] for r in run_query(dev, "NSMetadataItemDisplayNameKey ENDSWITH '.json'")] == ["config.json"]
 
 
 def check_paths_open(items: list[dict]):

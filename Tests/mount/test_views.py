@@ -102,7 +102,7 @@ def test_query_over_a_mount_and_its_watch(make_device):
 
     found = query("--predicate", "name LIKE[c] '*.md' AND size > 1000", "--sort", "-size", "--json")
     assert [(i["name"], i["size"]) for i in found] == [("big.md", 5000), ("B.MD", 2000)]
-    assert all(i["contentType"] == "text/markdown" and i["downloadingStatus"] == "current" for i in found)
+    assert all(i["mimeType"] == "text/markdown" and i["contentType"] == "net.daringfireball.markdown" and i["downloadingStatus"] == "current" for i in found)
     assert [i["path"] for i in query("--scope", "documents", "--predicate", "kMDItemFSName BEGINSWITH 'c'", "--json")] \
         == [f"{root}/Documents/c.txt"]
 
