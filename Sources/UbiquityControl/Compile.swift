@@ -32,6 +32,21 @@ enum Compiler {
     }
 
     static func compile(_ c: Comparison) -> ItemMatcher {
+        if let keyPath = c.attribute.keyPath {
+            // The derived value, compared as an attribute of its own.
+            var plain = c
+            plain.attribute = Attribute(name: c.attribute.spelled, type: c.attribute.type)
+            let inner = compile(plain)
+            let source = c.attribute.name, derived = plain.attribute.name
+            return { item in
+                guard case .string(let s)? = item.values[source] else { return inner(MetadataItem()) }
+                switch keyPath {
+                case .pathComponentsCount:
+                    let count = s.split(separator: "/").count + (s.hasPrefix("/") ? 1 : 0)
+                    return inner(MetadataItem(values: [derived: .number(Double(count))]))
+                }
+            }
+        }
         let key = c.attribute.name
         if c.values.count == 1, c.value == .null {
             switch c.op {

@@ -43,10 +43,22 @@ enum AttributeType: String, Sendable, Equatable {
     }
 }
 
-/// A known attribute: its short name and type.
+/// A known attribute: its short name and type; with a key path, a value
+/// derived from the attribute's (`path.pathComponents.@count`, a number).
 struct Attribute: Sendable, Equatable {
     var name: String
     var type: AttributeType
+    var keyPath: KeyPath? = nil
+
+    /// The key paths the query knows.
+    enum KeyPath: String, Sendable, Equatable {
+        /// The number of components of a path, as NSString's `pathComponents`
+        /// counts them: "/a/b" is ["/", "a", "b"], 3.
+        case pathComponentsCount = ".pathComponents.@count"
+    }
+
+    /// As written in a canonical predicate.
+    var spelled: String { name + (keyPath?.rawValue ?? "") }
 }
 
 enum Attributes {
@@ -118,9 +130,16 @@ enum Attributes {
         return table
     }()
 
-    /// The attribute a name or alias stands for (case-insensitive), or nil.
+    /// The attribute a name or alias stands for (case-insensitive), with a
+    /// key path the query knows after it, or nil.
     static func lookup(_ name: String) -> Attribute? {
-        byLowercasedName[name.lowercased()]
+        guard let dot = name.firstIndex(of: ".") else { return byLowercasedName[name.lowercased()] }
+        guard var attribute = byLowercasedName[name[..<dot].lowercased()], attribute.name == "path",
+              name[dot...].lowercased() == Attribute.KeyPath.pathComponentsCount.rawValue.lowercased()
+        else { return nil }
+        attribute.type = .number
+        attribute.keyPath = .pathComponentsCount
+        return attribute
     }
 }
 

@@ -6,6 +6,7 @@
 ///     and        := not (("AND" | "&&") not)*
 ///     not        := ("NOT" | "!") not | primary
 ///     primary    := "(" predicate ")" | "TRUEPREDICATE" | "FALSEPREDICATE" | comparison
+///     attribute  := name ("." "pathComponents" "." "@count")?     (one token; only on path)
 ///     comparison := attribute operator modifier? operand
 ///                 | value ("==" | "!=" | "<" | "<=" | ">" | ">=") modifier? attribute
 ///     operand    := value | "{" (value ("," value)*)? "}"        (aggregates after IN / BETWEEN)
@@ -303,15 +304,15 @@ struct Parser {
     private func checkOperator(_ op: ComparisonOperator, opToken: Token, on attribute: Attribute,
                                options: ComparisonOptions, modifierToken: Token?) throws(QueryError) {
         if op.isStringOnly && attribute.type != .string {
-            throw QueryError(.type, "\(op.rawValue) needs a string attribute, but '\(attribute.name)' is \(attribute.type.article)",
+            throw QueryError(.type, "\(op.rawValue) needs a string attribute, but '\(attribute.spelled)' is \(attribute.type.article)",
                              column: opToken.column)
         }
         if op.isOrdering && attribute.type == .bool {
-            throw QueryError(.type, "'\(attribute.name)' is a boolean and cannot be ordered with \(opToken.quoted)",
+            throw QueryError(.type, "'\(attribute.spelled)' is a boolean and cannot be ordered with \(opToken.quoted)",
                              column: opToken.column)
         }
         if let modifierToken, attribute.type != .string {
-            throw QueryError(.type, "\(modifierToken.quoted) applies to string attributes, but '\(attribute.name)' is \(attribute.type.article)",
+            throw QueryError(.type, "\(modifierToken.quoted) applies to string attributes, but '\(attribute.spelled)' is \(attribute.type.article)",
                              column: modifierToken.column)
         }
     }
@@ -322,7 +323,7 @@ struct Parser {
         if attribute.type == .bool, case .number(let n) = value, n == 0 || n == 1 {
             return .bool(n == 1)
         }
-        var message = "'\(attribute.name)' is \(attribute.type.article) and cannot be compared with \(type.article)"
+        var message = "'\(attribute.spelled)' is \(attribute.type.article) and cannot be compared with \(type.article)"
         switch attribute.type {
         case .date: message += " (write dates as DATE(\"2026-01-02\") or CAST(\"2026-01-02T03:04:05Z\", \"NSDate\"))"
         case .bool: message += " (use YES or NO)"

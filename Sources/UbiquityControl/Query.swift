@@ -104,7 +104,7 @@ public struct Query: Sendable {
             guard !name.isEmpty else {
                 throw QueryError(.syntax, "expected a sort key", column: nameColumn)
             }
-            guard let attribute = Attributes.lookup(String(name)) else {
+            guard let attribute = Attributes.lookup(String(name)), attribute.keyPath == nil else {
                 throw QueryError(.name, "unknown sort key '\(name)'", column: nameColumn)
             }
             keys.append(SortKey(attribute: attribute.name, ascending: ascending))

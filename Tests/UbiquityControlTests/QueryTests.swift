@@ -173,6 +173,26 @@ private func matches(_ predicate: String, _ values: [String: MetadataValue],
         #expect(throws: QueryError.self) { try Query(predicate: "size == NSMetadataUbiquitousItemDownloadingStatusCurrent") }
     }
 
+    @Test func pathComponentsCountAsNSStringCountsThem() throws {
+        let deep: [String: MetadataValue] = ["path": .string("/mnt/c/Documents/a.txt")]
+        #expect(matches("NSMetadataItemPathKey.pathComponents.@count == 5", deep))
+        #expect(!matches("NSMetadataItemPathKey.pathComponents.@count == 4", deep))
+        #expect(matches("path.pathComponents.@count > 4 AND path.pathComponents.@count <= 5", deep))
+        #expect(matches("kMDItemPath.PATHCOMPONENTS.@COUNT IN {1, 5}", deep))
+        #expect(matches("path.pathComponents.@count == 1", ["path": .string("/")]))
+        #expect(matches("path.pathComponents.@count == 3", ["path": .string("/a/b")]))
+        #expect(matches("path.pathComponents.@count == 2", ["path": .string("a/b")]))
+        #expect(!matches("path.pathComponents.@count > 0", [:]))
+        #expect(matches("path.pathComponents.@count == nil", [:]))
+        let query = try Query(predicate: "NSMetadataItemPathKey.pathComponents.@count == 4")
+        #expect(query.predicateAttributes == ["path"])
+        #expect(query.normalizedPredicate == "path.pathComponents.@count == 4")
+        #expect(throws: QueryError.self) { try Query(predicate: "path.pathComponents.@count == 'x'") }
+        #expect(throws: QueryError.self) { try Query(predicate: "name.pathComponents.@count == 1") }
+        #expect(throws: QueryError.self) { try Query(predicate: "path.length == 1") }
+        #expect(throws: QueryError.self) { try Query(predicate: "TRUEPREDICATE", sort: "path.pathComponents.@count") }
+    }
+
     @Test func constants() {
         #expect(matches("TRUEPREDICATE", [:]))
         #expect(!matches("FALSEPREDICATE", [:]))

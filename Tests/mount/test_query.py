@@ -983,6 +983,12 @@ def test_paths_are_absolute_on_every_kind_of_mount(make_device):
     inside = run_query(dev, f"NSMetadataItemPathKey BEGINSWITH '{root}/Documents/notes/'", absolute=True)
     assert [r["path"] for r in inside] == [f"{root}/Documents/notes/todo.txt"]
     assert run_query(dev, "NSMetadataItemPathKey BEGINSWITH '/Documents'") == []
+    # The depth filter of the samples: components as NSString counts them ("/" is one).
+    depth = len(root.parts)  # pathlib counts "/" as a part too
+    top = run_query(dev, f"NSMetadataItemPathKey.pathComponents.@count == {depth + 1}", "path", absolute=True)
+    assert [r["path"] for r in top] == [f"{root}/Documents", f"{root}/config.json"]
+    deepest = run_query(dev, f"path.pathComponents.@count > {depth + 2}", absolute=True)
+    assert [r["path"] for r in deepest] == [f"{root}/Documents/notes/todo.txt"]
     # The shell way of the samples.
     res = subprocess.run(["sh", "-c", f"cat \"$({BIN} query {root} --json --predicate \"name == 'todo.txt'\" "
                                       "| python3 -c 'import json,sys; print(json.loads(sys.stdin.read())[\"item\"][\"path\"])')\""],
