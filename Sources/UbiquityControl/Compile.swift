@@ -118,6 +118,15 @@ enum Compiler {
                 return pattern.matches(s) != negate
             }
         }
+        if c.op == .matches {
+            // Checked by the parser.
+            guard let regex = RegularExpression.make(literals[0], options: c.options) else { return { _ in false } }
+            let diacritics = StringFolder(options: c.options.intersection(.diacriticInsensitive))
+            return { item in
+                guard case .string(let s)? = item.values[key] else { return false }
+                return regex.matches(diacritics.fold(s))
+            }
+        }
         if c.op.isStringOnly {
             let pattern = c.op == .like
                 ? WildcardPattern(like: literals[0], options: c.options)
@@ -170,8 +179,28 @@ enum Compiler {
         case .between:
             let low = values[0], high = values[1]
             return { item in extract(item).map { low <= $0 && $0 <= high } ?? false }
-        case .like, .beginsWith, .endsWith, .contains:
+        case .like, .beginsWith, .endsWith, .contains, .matches:
             return { _ in false }  // rejected by the parser for non-strings
         }
+    }
+}
+
+/// MATCHES: an ICU regular expression (NSRegularExpression) that must match
+/// the whole string; `[c]` is its case-insensitive option, `[d]` folds the
+/// subject's diacritics (not the pattern's, whose escapes must stay as written).
+struct RegularExpression: @unchecked Sendable {
+    // NSRegularExpression is immutable and documented as thread-safe.
+    private let regex: NSRegularExpression
+
+    /// nil if the pattern is not a valid expression.
+    static func make(_ pattern: String, options: ComparisonOptions) -> RegularExpression? {
+        let flags: NSRegularExpression.Options = options.contains(.caseInsensitive) ? [.caseInsensitive] : []
+        // Whole-string match, not the leftmost match's length: `a|ab` matches "ab".
+        guard let regex = try? NSRegularExpression(pattern: "\\A(?:" + pattern + ")\\z", options: flags) else { return nil }
+        return RegularExpression(regex: regex)
+    }
+
+    func matches(_ s: String) -> Bool {
+        regex.firstMatch(in: s, range: NSRange(s.startIndex..., in: s)) != nil
     }
 }

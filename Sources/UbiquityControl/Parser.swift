@@ -32,7 +32,7 @@ struct Parser {
 
     private static let keywordOperators: [String: ComparisonOperator] = [
         "LIKE": .like, "BEGINSWITH": .beginsWith, "ENDSWITH": .endsWith,
-        "CONTAINS": .contains, "IN": .in, "BETWEEN": .between,
+        "CONTAINS": .contains, "IN": .in, "BETWEEN": .between, "MATCHES": .matches,
     ]
 
     private static let symbolOperators: [String: ComparisonOperator] = [
@@ -231,6 +231,9 @@ struct Parser {
             let valueToken = current
             let value = try parseValue(after: afterOperator)
             values = [try check(value, at: valueToken, for: attribute)]
+            if op == .matches, case .string(let pattern) = value, RegularExpression.make(pattern, options: options) == nil {
+                throw QueryError(.syntax, "invalid regular expression \(valueToken.text)", column: valueToken.column)
+            }
         }
         return Comparison(attribute: attribute, op: op, options: options, values: values)
     }
@@ -271,9 +274,6 @@ struct Parser {
             return Self.symbolOperators[s]
         case .identifier:
             if let word = keyword(token) {
-                if word == "MATCHES" {
-                    throw QueryError(.syntax, "MATCHES (regular expressions) is not supported; use LIKE", column: token.column)
-                }
                 return Self.keywordOperators[word]
             }
             return nil

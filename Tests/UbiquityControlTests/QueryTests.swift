@@ -193,6 +193,21 @@ private func matches(_ predicate: String, _ values: [String: MetadataValue],
         #expect(throws: QueryError.self) { try Query(predicate: "TRUEPREDICATE", sort: "path.pathComponents.@count") }
     }
 
+    @Test func matchesIsAWholeStringRegularExpression() {
+        let file: [String: MetadataValue] = ["name": .string("IMG_0042.JPG")]
+        #expect(matches("name MATCHES 'IMG_[0-9]{4}\\\\.JPG'", file))
+        #expect(!matches("name MATCHES 'IMG_[0-9]{3}'", file))  // a prefix is not the whole string
+        #expect(!matches("name MATCHES '[0-9]+'", file))
+        #expect(matches("name MATCHES 'a|IMG.*'", file))  // whole string, not the leftmost alternative's match
+        #expect(!matches("name MATCHES 'img_.*'", file))
+        #expect(matches("name MATCHES[c] 'img_.*\\\\.jpg'", file))
+        #expect(matches("name MATCHES[d] 'resume'", ["name": .string("résumé")]))
+        #expect(!matches("name MATCHES 'resume'", ["name": .string("résumé")]))
+        #expect(!matches("name MATCHES '.*'", [:]))
+        #expect(matches("NOT name MATCHES 'x.*'", file))
+        #expect(matches("name MATCHES '(?x) IMG _ 0042 \\\\. JPG'", file))
+    }
+
     @Test func constants() {
         #expect(matches("TRUEPREDICATE", [:]))
         #expect(!matches("FALSEPREDICATE", [:]))

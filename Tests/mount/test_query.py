@@ -951,6 +951,11 @@ def test_predicates_as_icloud_apps_write_them(make_device):
     assert [r["name"] for r in run_query(dev, "NSMetadataItemContentTypeKey == 'public.jpeg'")] == ["photo.jpg"]
     assert [r["name"] for r in run_query(dev, "NSMetadataItemDisplayNameKey ENDSWITH '.json'")] == ["config.json"]
 
+    # MATCHES: a regular expression over the whole string.
+    assert [r["name"] for r in run_query(dev, "name MATCHES '[a-z]+\\\\.(txt|jpg)'", "name")] == ["photo.jpg", "todo.txt"]
+    assert run_query(dev, "name MATCHES 'photo'") == []
+    assert [r["name"] for r in run_query(dev, "name MATCHES[c] 'DOC.*'")] == ["Documents"]
+
 
 def check_paths_open(items: list[dict]):
     """Each result's path is absolute and opens as it is: files read, folders list."""
