@@ -139,20 +139,29 @@ final class MountHost: @unchecked Sendable {
     }
 
     /// Where a container's items show in this mount: its path from the
-    /// container's root → its path below the mountpoint (nil: not shown).
+    /// container's root → its absolute path on this machine (the mountpoint
+    /// and the path below it), so that a result can be opened as it is.
     func visibleSources(scopes: [QueryService.Scope]) throws -> [QuerySource] {
         let hosts = self.hosts
+        let root = mountpoint == "/" ? "" : mountpoint
         switch kind {
-        case .container:
-            return [QuerySource(key: 0, engine: hosts[0].engine, scopes: scopes, rewrite: { $0 })]
+        case .container(_, .all):
+            return [QuerySource(key: 0, engine: hosts[0].engine, scopes: scopes, rewrite: { root + $0 })]
+        case .container(_, let shown):
+            // A scoped mount shows that scope only; a Documents mount's root is the Documents folder.
+            guard scopes.contains(.all) || scopes.contains(shown) else {
+                throw UbiquityError(EINVAL, "this mount shows the \(shown.rawValue) scope only: query another with --container ID --scope")
+            }
+            let strip = shown == .documents ? "/Documents".count : 0
+            return [QuerySource(key: 0, engine: hosts[0].engine, scopes: [shown], rewrite: { root + $0.dropFirst(strip) })]
         case .drive(let drive):
             if scopes.contains(.data) {
                 throw UbiquityError(EINVAL, "the drive shows Documents only: query a Data scope with --container ID --scope data")
             }
-            var sources = [QuerySource(key: 0, engine: hosts[0].engine, scopes: [.all], rewrite: { $0 })]
+            var sources = [QuerySource(key: 0, engine: hosts[0].engine, scopes: [.all], rewrite: { root + $0 })]
             for folder in drive.currentFolders() {
                 guard let host = hosts.first(where: { $0.id == folder.containerID }) else { continue }
-                let prefix = "/" + folder.name.description
+                let prefix = root + "/" + folder.name.description
                 sources.append(QuerySource(key: UInt64(folder.slot), engine: host.engine, scopes: [.documents],
                                            rewrite: { prefix + $0.dropFirst("/Documents".count) }))
             }

@@ -16,7 +16,8 @@ struct QueryCommand: ParsableCommand {
             NSMetadataItemFSNameKey BEGINSWITH 'IMG' … Attributes: \(Query.attributeNames.joined(separator: ", ")).
             Without a mountpoint, --container queries that container (all of it, or --scope) through a \
             mount that shows it if one runs, else reads this device's replica (read-only; no --watch). \
-            On a drive mount, paths are below the mountpoint and only Documents scopes are shown.
+            Through a mount, paths are absolute (the mountpoint and the path below it); with --container \
+            and no mountpoint, from the container's root. A drive shows Documents scopes only.
             """)
 
     @Argument(help: "A ubiquityfs mountpoint (default: the mount of --container, or the only mount).") var mountpoint: String?

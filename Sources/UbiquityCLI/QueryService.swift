@@ -43,9 +43,15 @@ enum QueryService {
             if only?.contains(key) ?? true { v[key] = value() }
         }
         set("name", .string(r.name))
+        set("displayName", .string(r.name))
         set("path", .string(r.path))
+        set("url", .string(URL(fileURLWithPath: r.path, isDirectory: r.isDirectory).absoluteString))
         set("size", .number(Double(r.size)))
-        set("contentType", .string(r.isDirectory ? "inode/directory" : ContentTypes.shared.type(ofFileNamed: r.name)))
+        if only?.contains("contentType") ?? true || only?.contains("mimeType") ?? true {
+            let mime = r.isDirectory ? "inode/directory" : ContentTypes.shared.type(ofFileNamed: r.name)
+            set("mimeType", .string(mime))
+            set("contentType", .string(UniformTypes.identifier(forMIMEType: mime)))
+        }
         set("isDirectory", .bool(r.isDirectory))
         set("creationDate", .date(seconds(r.created)))
         set("modificationDate", .date(seconds(r.modified)))

@@ -10,6 +10,8 @@ typealias ItemMatcher = @Sendable (MetadataItem) -> Bool
 /// missing or `.null` value, `!= nil` is its negation; `!=` is always the negation
 /// of `==`; every other comparison with no value, or with a `nil` literal, is false.
 /// Dates compare at whole-second resolution (both sides rounded down).
+/// A string `==` whose literal holds `*` or `?` is a wildcard match, as LIKE
+/// (Spotlight's rule; `NSMetadataItemFSNameKey == '*'` matches every item).
 enum Compiler {
     static func compile(_ predicate: Predicate) -> ItemMatcher {
         switch predicate {
@@ -30,6 +32,21 @@ enum Compiler {
     }
 
     static func compile(_ c: Comparison) -> ItemMatcher {
+        if let keyPath = c.attribute.keyPath {
+            // The derived value, compared as an attribute of its own.
+            var plain = c
+            plain.attribute = Attribute(name: c.attribute.spelled, type: c.attribute.type)
+            let inner = compile(plain)
+            let source = c.attribute.name, derived = plain.attribute.name
+            return { item in
+                guard case .string(let s)? = item.values[source] else { return inner(MetadataItem()) }
+                switch keyPath {
+                case .pathComponentsCount:
+                    let count = s.split(separator: "/").count + (s.hasPrefix("/") ? 1 : 0)
+                    return inner(MetadataItem(values: [derived: .number(Double(count))]))
+                }
+            }
+        }
         let key = c.attribute.name
         if c.values.count == 1, c.value == .null {
             switch c.op {
@@ -92,6 +109,24 @@ enum Compiler {
     private static func compileString(_ c: Comparison) -> ItemMatcher {
         let key = c.attribute.name
         let literals = c.values.map { if case .string(let s) = $0 { s } else { "" } }
+        // Spotlight's `==` on a string with `*` or `?` is a wildcard match, as LIKE.
+        if c.op == .equal || c.op == .notEqual, literals[0].contains(where: { $0 == "*" || $0 == "?" }) {
+            let pattern = WildcardPattern(like: literals[0], options: c.options)
+            let negate = c.op == .notEqual
+            return { item in
+                guard case .string(let s)? = item.values[key] else { return negate }
+                return pattern.matches(s) != negate
+            }
+        }
+        if c.op == .matches {
+            // Checked by the parser.
+            guard let regex = RegularExpression.make(literals[0], options: c.options) else { return { _ in false } }
+            let diacritics = StringFolder(options: c.options.intersection(.diacriticInsensitive))
+            return { item in
+                guard case .string(let s)? = item.values[key] else { return false }
+                return regex.matches(diacritics.fold(s))
+            }
+        }
         if c.op.isStringOnly {
             let pattern = c.op == .like
                 ? WildcardPattern(like: literals[0], options: c.options)
@@ -144,8 +179,28 @@ enum Compiler {
         case .between:
             let low = values[0], high = values[1]
             return { item in extract(item).map { low <= $0 && $0 <= high } ?? false }
-        case .like, .beginsWith, .endsWith, .contains:
+        case .like, .beginsWith, .endsWith, .contains, .matches:
             return { _ in false }  // rejected by the parser for non-strings
         }
+    }
+}
+
+/// MATCHES: an ICU regular expression (NSRegularExpression) that must match
+/// the whole string; `[c]` is its case-insensitive option, `[d]` folds the
+/// subject's diacritics (not the pattern's, whose escapes must stay as written).
+struct RegularExpression: @unchecked Sendable {
+    // NSRegularExpression is immutable and documented as thread-safe.
+    private let regex: NSRegularExpression
+
+    /// nil if the pattern is not a valid expression.
+    static func make(_ pattern: String, options: ComparisonOptions) -> RegularExpression? {
+        let flags: NSRegularExpression.Options = options.contains(.caseInsensitive) ? [.caseInsensitive] : []
+        // Whole-string match, not the leftmost match's length: `a|ab` matches "ab".
+        guard let regex = try? NSRegularExpression(pattern: "\\A(?:" + pattern + ")\\z", options: flags) else { return nil }
+        return RegularExpression(regex: regex)
+    }
+
+    func matches(_ s: String) -> Bool {
+        regex.firstMatch(in: s, range: NSRange(s.startIndex..., in: s)) != nil
     }
 }

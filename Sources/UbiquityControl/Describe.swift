@@ -31,7 +31,7 @@ extension Comparison: CustomStringConvertible {
         let right = op == .in || op == .between
             ? "{" + values.map(\.description).joined(separator: ", ") + "}"
             : value.description
-        return "\(attribute.name) \(op.rawValue)\(modifier) \(right)"
+        return "\(attribute.spelled) \(op.rawValue)\(modifier) \(right)"
     }
 }
 

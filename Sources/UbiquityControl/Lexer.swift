@@ -70,7 +70,16 @@ struct Lexer {
             return try number()
         }
         if isIdentifierStart(c) {
-            while let d = peek(), isIdentifierStart(d) || (d.isASCII && d.isNumber) { index += 1 }
+            // Key paths are one identifier: `NSMetadataItemPathKey.pathComponents.@count`.
+            while let d = peek() {
+                if isIdentifierStart(d) || (d.isASCII && d.isNumber) {
+                    index += 1
+                } else if d == ".", let e = peek(1), isIdentifierStart(e) || e == "@" {
+                    index += 2
+                } else {
+                    break
+                }
+            }
             return token(.identifier(text(from: start)), from: start)
         }
         if c == "[" {

@@ -43,19 +43,34 @@ enum AttributeType: String, Sendable, Equatable {
     }
 }
 
-/// A known attribute: its short name and type.
+/// A known attribute: its short name and type; with a key path, a value
+/// derived from the attribute's (`path.pathComponents.@count`, a number).
 struct Attribute: Sendable, Equatable {
     var name: String
     var type: AttributeType
+    var keyPath: KeyPath? = nil
+
+    /// The key paths the query knows.
+    enum KeyPath: String, Sendable, Equatable {
+        /// The number of components of a path, as NSString's `pathComponents`
+        /// counts them: "/a/b" is ["/", "a", "b"], 3.
+        case pathComponentsCount = ".pathComponents.@count"
+    }
+
+    /// As written in a canonical predicate.
+    var spelled: String { name + (keyPath?.rawValue ?? "") }
 }
 
 enum Attributes {
     /// The short attribute names with their types, in documentation order.
     static let all: [Attribute] = [
         Attribute(name: "name", type: .string),
+        Attribute(name: "displayName", type: .string),
         Attribute(name: "path", type: .string),
+        Attribute(name: "url", type: .string),
         Attribute(name: "size", type: .number),
         Attribute(name: "contentType", type: .string),
+        Attribute(name: "mimeType", type: .string),
         Attribute(name: "isDirectory", type: .bool),
         Attribute(name: "creationDate", type: .date),
         Attribute(name: "modificationDate", type: .date),
@@ -75,6 +90,9 @@ enum Attributes {
     static let aliases: [String: String] = [
         "NSMetadataItemFSNameKey": "name",
         "kMDItemFSName": "name",
+        "NSMetadataItemDisplayNameKey": "displayName",
+        "kMDItemDisplayName": "displayName",
+        "NSMetadataItemURLKey": "url",
         "NSMetadataItemPathKey": "path",
         "kMDItemPath": "path",
         "NSMetadataItemFSSizeKey": "size",
@@ -96,6 +114,13 @@ enum Attributes {
         "NSMetadataUbiquitousItemUploadingErrorKey": "uploadingError",
     ]
 
+    /// Apple's constant names that may stand where a value does (exact spelling).
+    static let constants: [String: Literal] = [
+        "NSMetadataUbiquitousItemDownloadingStatusCurrent": .string("current"),
+        "NSMetadataUbiquitousItemDownloadingStatusDownloaded": .string("downloaded"),
+        "NSMetadataUbiquitousItemDownloadingStatusNotDownloaded": .string("notDownloaded"),
+    ]
+
     /// Every accepted spelling, lower-cased, to its attribute.
     private static let byLowercasedName: [String: Attribute] = {
         var table: [String: Attribute] = [:]
@@ -105,9 +130,16 @@ enum Attributes {
         return table
     }()
 
-    /// The attribute a name or alias stands for (case-insensitive), or nil.
+    /// The attribute a name or alias stands for (case-insensitive), with a
+    /// key path the query knows after it, or nil.
     static func lookup(_ name: String) -> Attribute? {
-        byLowercasedName[name.lowercased()]
+        guard let dot = name.firstIndex(of: ".") else { return byLowercasedName[name.lowercased()] }
+        guard var attribute = byLowercasedName[name[..<dot].lowercased()], attribute.name == "path",
+              name[dot...].lowercased() == Attribute.KeyPath.pathComponentsCount.rawValue.lowercased()
+        else { return nil }
+        attribute.type = .number
+        attribute.keyPath = .pathComponentsCount
+        return attribute
     }
 }
 

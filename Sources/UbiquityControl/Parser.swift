@@ -6,11 +6,13 @@
 ///     and        := not (("AND" | "&&") not)*
 ///     not        := ("NOT" | "!") not | primary
 ///     primary    := "(" predicate ")" | "TRUEPREDICATE" | "FALSEPREDICATE" | comparison
+///     attribute  := name ("." "pathComponents" "." "@count")?     (one token; only on path)
 ///     comparison := attribute operator modifier? operand
 ///                 | value ("==" | "!=" | "<" | "<=" | ">" | ">=") modifier? attribute
 ///     operand    := value | "{" (value ("," value)*)? "}"        (aggregates after IN / BETWEEN)
-///     value      := string | number | YES | NO | TRUE | FALSE | NIL | NULL
+///     value      := string | number | YES | NO | TRUE | FALSE | NIL | NULL | constant
 ///                 | CAST(string | number, "NSDate") | DATE(string | number)
+///     constant   := NSMetadataUbiquitousItemDownloadingStatus(Current | Downloaded | NotDownloaded)
 struct Parser {
     /// How deeply parentheses and NOTs may nest: the parser recurses once per
     /// level, and so does everything that walks the tree. A client of the
@@ -30,7 +32,7 @@ struct Parser {
 
     private static let keywordOperators: [String: ComparisonOperator] = [
         "LIKE": .like, "BEGINSWITH": .beginsWith, "ENDSWITH": .endsWith,
-        "CONTAINS": .contains, "IN": .in, "BETWEEN": .between,
+        "CONTAINS": .contains, "IN": .in, "BETWEEN": .between, "MATCHES": .matches,
     ]
 
     private static let symbolOperators: [String: ComparisonOperator] = [
@@ -165,7 +167,7 @@ struct Parser {
 
     private mutating func parseComparison() throws(QueryError) -> Comparison {
         let first = current
-        if case .identifier(let name) = first.kind, keyword(first) == nil {
+        if case .identifier(let name) = first.kind, keyword(first) == nil, Attributes.constants[name] == nil {
             _ = advance()
             guard let attribute = Attributes.lookup(name) else {
                 throw QueryError(.name, "unknown attribute '\(name)'", column: first.column)
@@ -229,6 +231,9 @@ struct Parser {
             let valueToken = current
             let value = try parseValue(after: afterOperator)
             values = [try check(value, at: valueToken, for: attribute)]
+            if op == .matches, case .string(let pattern) = value, RegularExpression.make(pattern, options: options) == nil {
+                throw QueryError(.syntax, "invalid regular expression \(valueToken.text)", column: valueToken.column)
+            }
         }
         return Comparison(attribute: attribute, op: op, options: options, values: values)
     }
@@ -269,9 +274,6 @@ struct Parser {
             return Self.symbolOperators[s]
         case .identifier:
             if let word = keyword(token) {
-                if word == "MATCHES" {
-                    throw QueryError(.syntax, "MATCHES (regular expressions) is not supported; use LIKE", column: token.column)
-                }
                 return Self.keywordOperators[word]
             }
             return nil
@@ -302,15 +304,15 @@ struct Parser {
     private func checkOperator(_ op: ComparisonOperator, opToken: Token, on attribute: Attribute,
                                options: ComparisonOptions, modifierToken: Token?) throws(QueryError) {
         if op.isStringOnly && attribute.type != .string {
-            throw QueryError(.type, "\(op.rawValue) needs a string attribute, but '\(attribute.name)' is \(attribute.type.article)",
+            throw QueryError(.type, "\(op.rawValue) needs a string attribute, but '\(attribute.spelled)' is \(attribute.type.article)",
                              column: opToken.column)
         }
         if op.isOrdering && attribute.type == .bool {
-            throw QueryError(.type, "'\(attribute.name)' is a boolean and cannot be ordered with \(opToken.quoted)",
+            throw QueryError(.type, "'\(attribute.spelled)' is a boolean and cannot be ordered with \(opToken.quoted)",
                              column: opToken.column)
         }
         if let modifierToken, attribute.type != .string {
-            throw QueryError(.type, "\(modifierToken.quoted) applies to string attributes, but '\(attribute.name)' is \(attribute.type.article)",
+            throw QueryError(.type, "\(modifierToken.quoted) applies to string attributes, but '\(attribute.spelled)' is \(attribute.type.article)",
                              column: modifierToken.column)
         }
     }
@@ -321,7 +323,7 @@ struct Parser {
         if attribute.type == .bool, case .number(let n) = value, n == 0 || n == 1 {
             return .bool(n == 1)
         }
-        var message = "'\(attribute.name)' is \(attribute.type.article) and cannot be compared with \(type.article)"
+        var message = "'\(attribute.spelled)' is \(attribute.type.article) and cannot be compared with \(type.article)"
         switch attribute.type {
         case .date: message += " (write dates as DATE(\"2026-01-02\") or CAST(\"2026-01-02T03:04:05Z\", \"NSDate\"))"
         case .bool: message += " (use YES or NO)"
@@ -336,7 +338,8 @@ struct Parser {
     private func startsValue(_ token: Token) -> Bool {
         switch token.kind {
         case .string, .number: true
-        case .identifier: isKeyword(token, "YES", "NO", "TRUE", "FALSE", "NIL", "NULL", "CAST", "DATE")
+        case .identifier(let name):
+            isKeyword(token, "YES", "NO", "TRUE", "FALSE", "NIL", "NULL", "CAST", "DATE") || Attributes.constants[name] != nil
         default: false
         }
     }
@@ -369,6 +372,10 @@ struct Parser {
                 _ = advance()
                 return try parseDateFunction(token)
             case nil:
+                if let constant = Attributes.constants[name] {
+                    _ = advance()
+                    return constant
+                }
                 if Attributes.lookup(name) != nil {
                     throw QueryError(.syntax, "comparing two attributes is not supported; expected a value after \(previous.quoted)",
                                      column: token.column)

@@ -8,8 +8,9 @@ import Foundation
 /// The language (NSPredicate as `NSMetadataQuery` uses it):
 /// - comparisons `ATTRIBUTE OP VALUE` with `==` `=` `!=` `<>` `<` `<=` `=<` `>` `>=` `=>`,
 ///   `LIKE` (`*` any run, `?` one character; a backslash makes the next pattern character
-///   literal, so a literal star is written `'a\\*'`), `BEGINSWITH`,
-///   `ENDSWITH`, `CONTAINS`, `IN {v, …}`, `BETWEEN {low, high}`; `[c]`, `[d]`, `[cd]` after
+///   literal, so a literal star is written `'a\\*'`; a string `==`/`!=` with `*` or `?` is
+///   the same match, as in Spotlight), `BEGINSWITH`, `ENDSWITH`, `CONTAINS`, `MATCHES` (a
+///   whole-string ICU regular expression), `IN {v, …}`, `BETWEEN {low, high}`; `[c]`, `[d]`, `[cd]` after
 ///   the operator fold case / diacritics (strings only). `VALUE OP ATTRIBUTE` is accepted
 ///   for `==` `!=` `<` `<=` `>` `>=`.
 /// - `AND`/`&&`, `OR`/`||`, `NOT`/`!`, parentheses; NOT binds tighter than AND, AND than OR.
@@ -17,8 +18,10 @@ import Foundation
 /// - values: `'…'` or `"…"` with `\\` `\'` `\"` `\n` `\t` `\r` `\0` `\uXXXX` `\u{X…}`;
 ///   numbers (`-1.5`, `1e6`); `YES`/`NO`/`TRUE`/`FALSE` (booleans also take 1 and 0);
 ///   `nil`/`NULL`; dates `DATE("2026-01-02")`, `DATE("2026-01-02T03:04:05Z")`,
-///   `CAST("…ISO 8601…", "NSDate")`, `CAST(seconds since 1970, "NSDate")`.
-/// - attributes: `Query.attributeNames` and their iCloud / Spotlight aliases (`canonicalName`).
+///   `CAST("…ISO 8601…", "NSDate")`, `CAST(seconds since 1970, "NSDate")`;
+///   `NSMetadataUbiquitousItemDownloadingStatusCurrent` / `…Downloaded` / `…NotDownloaded`.
+/// - attributes: `Query.attributeNames` and their iCloud / Spotlight aliases (`canonicalName`),
+///   and the key path `path.pathComponents.@count`.
 ///   Each has a type (string, number, bool, date) checked against operator and value when parsing.
 public struct Query: Sendable {
     /// One key of the sort order.
@@ -104,7 +107,7 @@ public struct Query: Sendable {
             guard !name.isEmpty else {
                 throw QueryError(.syntax, "expected a sort key", column: nameColumn)
             }
-            guard let attribute = Attributes.lookup(String(name)) else {
+            guard let attribute = Attributes.lookup(String(name)), attribute.keyPath == nil else {
                 throw QueryError(.name, "unknown sort key '\(name)'", column: nameColumn)
             }
             keys.append(SortKey(attribute: attribute.name, ascending: ascending))

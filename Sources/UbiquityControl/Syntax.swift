@@ -43,6 +43,7 @@ enum ComparisonOperator: String, Equatable, Sendable, CaseIterable {
     case beginsWith = "BEGINSWITH"
     case endsWith = "ENDSWITH"
     case contains = "CONTAINS"
+    case matches = "MATCHES"
     case `in` = "IN"
     case between = "BETWEEN"
 
@@ -57,7 +58,7 @@ enum ComparisonOperator: String, Equatable, Sendable, CaseIterable {
     /// The operators that only make sense on strings.
     var isStringOnly: Bool {
         switch self {
-        case .like, .beginsWith, .endsWith, .contains: true
+        case .like, .beginsWith, .endsWith, .contains, .matches: true
         default: false
         }
     }

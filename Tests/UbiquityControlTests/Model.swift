@@ -114,7 +114,10 @@ enum Model {
             let v = fold(s, ci, di)
             let lits = values.map { if case .string(let l) = $0 { fold(l, ci, di) } else { "" } }
             switch op {
-            case "==": return v == lits[0]
+            case "==":
+                // Spotlight: `==` with `*` or `?` is a wildcard match.
+                if lits[0].contains(where: { $0 == "*" || $0 == "?" }) { return like(Array(v), Array(lits[0])) }
+                return v == lits[0]
             case "<": return v < lits[0]
             case "<=": return v <= lits[0]
             case ">": return v > lits[0]

@@ -173,7 +173,7 @@ private func parseError(_ text: String) -> QueryError? {
         for name in Query.attributeNames {
             #expect(Query.canonicalName(name) == name)
         }
-        #expect(Query.attributeNames.count == 17)
+        #expect(Query.attributeNames.count == 20)
         #expect(Query.attributeNames.contains("pinned"))
         #expect(Query.canonicalName("kmditemfsname") == "name")
         #expect(Query.canonicalName("NAME") == "name")
@@ -304,7 +304,8 @@ private func parseError(_ text: String) -> QueryError? {
         ("name # 'x'", 6, .syntax, "unexpected character '#'"),
         ("name 'x'", 6, .syntax, "expected a comparison operator after 'name', found ''x''"),
         ("name", 5, .syntax, "expected a comparison operator after 'name', found end of input"),
-        ("name MATCHES 'x'", 6, .syntax, "MATCHES (regular expressions) is not supported"),
+        ("name MATCHES '(x'", 14, .syntax, "invalid regular expression '(x'"),
+        ("size MATCHES '1'", 6, .type, "MATCHES needs a string attribute"),
         ("name == 'a' AND", 16, .syntax, "expected a comparison after 'AND'"),
         ("name == 'a' OR OR size > 1", 16, .syntax, "expected an attribute name, found 'OR'"),
         ("NOT", 4, .syntax, "expected a comparison after 'NOT'"),

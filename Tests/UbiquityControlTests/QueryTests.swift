@@ -142,6 +142,72 @@ private func matches(_ predicate: String, _ values: [String: MetadataValue],
         #expect(matches("name != 'x'", wrong))
     }
 
+    @Test func equalityWithWildcardsMatchesAsLike() {
+        let file: [String: MetadataValue] = ["name": .string("Notes.TXT")]
+        #expect(matches("NSMetadataItemFSNameKey == '*'", file))
+        #expect(matches("NSMetadataItemFSNameKey == '*'", ["name": .string("")]))
+        #expect(!matches("NSMetadataItemFSNameKey == '*'", [:]))
+        #expect(matches("name == 'Notes.*'", file))
+        #expect(!matches("name == '*.txt'", file))
+        #expect(matches("name ==[c] '*.txt'", file))
+        #expect(matches("name == 'N?tes.TXT'", file))
+        #expect(!matches("name == 'N?tes'", file))
+        #expect(matches("name != '*.txt'", file))
+        #expect(!matches("name != '*.TXT'", file))
+        #expect(matches("name == \(Literal.quote("Notes\\*"))", ["name": .string("Notes*")]))
+        #expect(!matches("name == \(Literal.quote("Notes\\*"))", file))
+    }
+
+    @Test func appleConstantsAndBooleanLiterals() {
+        let current: [String: MetadataValue] = ["downloadingStatus": .string("current"), "isUploaded": .bool(false)]
+        #expect(matches("NSMetadataUbiquitousItemDownloadingStatusKey == NSMetadataUbiquitousItemDownloadingStatusCurrent", current))
+        #expect(!matches("NSMetadataUbiquitousItemDownloadingStatusKey == NSMetadataUbiquitousItemDownloadingStatusDownloaded", current))
+        #expect(matches("NSMetadataUbiquitousItemDownloadingStatusKey == NSMetadataUbiquitousItemDownloadingStatusNotDownloaded",
+                        ["downloadingStatus": .string("notDownloaded")]))
+        #expect(matches("NSMetadataUbiquitousItemDownloadingStatusCurrent == NSMetadataUbiquitousItemDownloadingStatusKey", current))
+        #expect(matches("NSMetadataUbiquitousItemDownloadingStatusKey IN {NSMetadataUbiquitousItemDownloadingStatusCurrent, 'x'}", current))
+        #expect(matches("NSMetadataUbiquitousItemIsUploadedKey == NO", current))
+        #expect(!matches("NSMetadataUbiquitousItemIsUploadedKey == YES", current))
+        #expect(matches("NSMetadataUbiquitousItemIsUploadedKey == FALSE", current))
+        #expect(matches("NSMetadataUbiquitousItemIsUploadedKey != TRUE", current))
+        #expect(throws: QueryError.self) { try Query(predicate: "size == NSMetadataUbiquitousItemDownloadingStatusCurrent") }
+    }
+
+    @Test func pathComponentsCountAsNSStringCountsThem() throws {
+        let deep: [String: MetadataValue] = ["path": .string("/mnt/c/Documents/a.txt")]
+        #expect(matches("NSMetadataItemPathKey.pathComponents.@count == 5", deep))
+        #expect(!matches("NSMetadataItemPathKey.pathComponents.@count == 4", deep))
+        #expect(matches("path.pathComponents.@count > 4 AND path.pathComponents.@count <= 5", deep))
+        #expect(matches("kMDItemPath.PATHCOMPONENTS.@COUNT IN {1, 5}", deep))
+        #expect(matches("path.pathComponents.@count == 1", ["path": .string("/")]))
+        #expect(matches("path.pathComponents.@count == 3", ["path": .string("/a/b")]))
+        #expect(matches("path.pathComponents.@count == 2", ["path": .string("a/b")]))
+        #expect(!matches("path.pathComponents.@count > 0", [:]))
+        #expect(matches("path.pathComponents.@count == nil", [:]))
+        let query = try Query(predicate: "NSMetadataItemPathKey.pathComponents.@count == 4")
+        #expect(query.predicateAttributes == ["path"])
+        #expect(query.normalizedPredicate == "path.pathComponents.@count == 4")
+        #expect(throws: QueryError.self) { try Query(predicate: "path.pathComponents.@count == 'x'") }
+        #expect(throws: QueryError.self) { try Query(predicate: "name.pathComponents.@count == 1") }
+        #expect(throws: QueryError.self) { try Query(predicate: "path.length == 1") }
+        #expect(throws: QueryError.self) { try Query(predicate: "TRUEPREDICATE", sort: "path.pathComponents.@count") }
+    }
+
+    @Test func matchesIsAWholeStringRegularExpression() {
+        let file: [String: MetadataValue] = ["name": .string("IMG_0042.JPG")]
+        #expect(matches("name MATCHES 'IMG_[0-9]{4}\\\\.JPG'", file))
+        #expect(!matches("name MATCHES 'IMG_[0-9]{3}'", file))  // a prefix is not the whole string
+        #expect(!matches("name MATCHES '[0-9]+'", file))
+        #expect(matches("name MATCHES 'a|IMG.*'", file))  // whole string, not the leftmost alternative's match
+        #expect(!matches("name MATCHES 'img_.*'", file))
+        #expect(matches("name MATCHES[c] 'img_.*\\\\.jpg'", file))
+        #expect(matches("name MATCHES[d] 'resume'", ["name": .string("résumé")]))
+        #expect(!matches("name MATCHES 'resume'", ["name": .string("résumé")]))
+        #expect(!matches("name MATCHES '.*'", [:]))
+        #expect(matches("NOT name MATCHES 'x.*'", file))
+        #expect(matches("name MATCHES '(?x) IMG _ 0042 \\\\. JPG'", file))
+    }
+
     @Test func constants() {
         #expect(matches("TRUEPREDICATE", [:]))
         #expect(!matches("FALSEPREDICATE", [:]))

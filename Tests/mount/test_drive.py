@@ -159,7 +159,8 @@ def test_drive_and_data_scope_mounted_together_on_one_device(store, make_device)
         assert res.returncode == 0, res
         return sorted(json.loads(line)["item"]["path"] for line in res.stdout.splitlines() if line.strip())
 
-    assert query(str(drive.mountpoint)) == ["/Notes/todo.md"]
+    # Through a mount, paths are absolute; with --container, from the container's root.
+    assert query(str(drive.mountpoint)) == [f"{drive.mountpoint}/Notes/todo.md"]
     assert query("--container", NOTES, "--scope", "data") == ["/cache", "/cache/state.db"]
     bad = drive.cli("query", str(drive.mountpoint), "--scope", "data", timeout=60)
     assert bad.returncode != 0 and "--container" in bad.text, bad
@@ -245,11 +246,11 @@ def test_watch_on_the_drive_follows_another_device(store, make_device):
         (writer.mountpoint / "remote.md").write_text("from the other device")
         added = next_event()
         latency = time.monotonic() - start
-        assert added["event"] == "added" and added["item"]["path"] == "/Notes/remote.md", added
+        assert added["event"] == "added" and added["item"]["path"] == f"{drive.mountpoint}/Notes/remote.md", added
         print(f"drive watch: added {latency:.2f}s after the remote write")
         os.unlink(writer.mountpoint / "remote.md")
         removed = next_event()
-        assert removed["event"] == "removed" and removed["item"]["path"] == "/Notes/remote.md", removed
+        assert removed["event"] == "removed" and removed["item"]["path"] == f"{drive.mountpoint}/Notes/remote.md", removed
     finally:
         watch.terminate()
         watch.wait(10)

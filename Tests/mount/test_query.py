@@ -5,8 +5,8 @@
   0..20000, modification dates over ten years) is written on a mount. Then
   many predicates, by hand and from a small random grammar, are run through
   `ubiquityfs query MOUNT --predicate P [--sort KEYS] [--scope S] --json`, and
-  the paths (in order) must equal those of the same predicate evaluated by the
-  model below.
+  the paths (in order; absolute, the model's are below the mountpoint) must
+  equal those of the same predicate evaluated by the model below.
 * `--watch` on device B follows what device A does on the same store: the
   initial results, the gathering-finished marker, then added / changed /
   removed, with the latency from A's change to B's event.
@@ -53,7 +53,7 @@ DEFAULT_CONTAINER = "com.ubiquityfs.default"
 
 @dataclass(frozen=True)
 class Item:
-    path: str  # as the query reports it: "/dir/name", the name exactly as created (NFC or NFD)
+    path: str  # below the mountpoint (the query reports mountpoint + path): "/dir/name", the name as created (NFC or NFD)
     name: str
     size: int
     is_dir: bool
@@ -77,6 +77,11 @@ class Item:
 
 CONTENT_TYPES = {".md": "text/markdown", ".txt": "text/plain", ".png": "image/png",
                  ".json": "application/json", "": "application/octet-stream"}
+
+
+UTIS = {"inode/directory": "public.folder", "text/markdown": "net.daringfireball.markdown",
+        "text/plain": "public.plain-text", "image/png": "public.png", "application/json": "public.json",
+        "application/octet-stream": "public.data"}
 
 
 def content_type(name: str, is_dir: bool) -> str:
@@ -151,7 +156,7 @@ SORT_ALIASES = {
 def sort_value(item: Item, attribute: str):
     return {
         "name": lambda: nfc(item.name), "path": lambda: nfc(item.path), "size": lambda: item.size,
-        "modificationDate": lambda: item.mtime_sort, "contentType": lambda: item.content_type,
+        "modificationDate": lambda: item.mtime_sort, "contentType": lambda: UTIS[item.content_type],
         "isDirectory": lambda: item.is_dir,
     }[attribute]()
 
@@ -286,8 +291,18 @@ def check_tree_on_disk(root, items: list[Item]) -> None:
 # --------------------------------------------------------------------------
 
 
-def run_query(dev, predicate: str, sort: str | None = None, scopes: tuple[str, ...] = ()) -> list[dict]:
-    args = ["query", str(dev.mountpoint), "--predicate", predicate, "--json"]
+def below(root: str, path: str) -> str:
+    """The query reports absolute paths; the model's are below the mountpoint."""
+    assert path.startswith(root + "/"), f"{path!a} is not below the mountpoint {root!a}"
+    return path[len(root):]
+
+
+def run_query(dev, predicate: str, sort: str | None = None, scopes: tuple[str, ...] = (), *,
+              absolute: bool = False) -> list[dict]:
+    """The results; `{root}` in the predicate is the mountpoint. Their paths
+    are absolute; unless `absolute`, they are returned below the mountpoint."""
+    root = str(dev.mountpoint)
+    args = ["query", root, "--predicate", predicate.replace("{root}", root), "--json"]
     if sort:
         args += ["--sort", sort]
     for scope in scopes:
@@ -296,7 +311,11 @@ def run_query(dev, predicate: str, sort: str | None = None, scopes: tuple[str, .
     assert res.returncode == 0, f"query failed:\n{res}"
     lines = [json.loads(line) for line in res.stdout.splitlines() if line.strip()]
     assert all(line.get("event") == "result" for line in lines), f"non-result lines in {predicate!r}: {lines[:3]}"
-    return [line["item"] for line in lines]
+    items = [line["item"] for line in lines]
+    if not absolute:
+        for item in items:
+            item["path"] = below(root, item["path"])
+    return items
 
 
 def describe_mismatch(expected: list[str], actual: list[str]) -> str:
@@ -380,7 +399,7 @@ CASES = [
     ("name CONTAINS[cd] 'UBER'", lambda i: contains(i.name, "UBER", "cd"), None, (), False),
     ("name CONTAINS[c] 'ÜNÏ'", lambda i: contains(i.name, "ÜNÏ", "c"), None, (), False),
     ("name CONTAINS ' '", lambda i: contains(i.name, " "), None, (), False),
-    ('path BEGINSWITH "/Documents/"', lambda i: begins(i.path, "/Documents/"), None, (), False),
+    ('path BEGINSWITH "{root}/Documents/"', lambda i: begins(i.path, "/Documents/"), None, (), False),
     ("path CONTAINS[cd] '/cafe'", lambda i: contains(i.path, "/cafe", "cd"), "path", (), False),
     # ---- IN
     ("name IN {'x.md', 'notes.txt', 'Café.json', 'naïve'}",
@@ -388,7 +407,7 @@ CASES = [
     ("name IN[cd] {'X.MD', 'NOTES.TXT', 'CAFE.JSON', 'NAIVE'}",
      lambda i: one_of(i.name, ["X.MD", "NOTES.TXT", "CAFE.JSON", "NAIVE"], "cd"), None, (), False),
     ("size IN {0, 1, 1024, 20000}", lambda i: i.size in {0, 1, 1024, 20000} , "size", (), False),
-    ("contentType IN {'image/png', 'application/json'}",
+    ("mimeType IN {'image/png', 'application/json'}",
      lambda i: i.content_type in {"image/png", "application/json"}, None, (), False),
     # ---- sizes
     ("size == 1000", lambda i: i.size == 1000, None, (), False),
@@ -421,10 +440,10 @@ CASES = [
     ("isDirectory = 0", lambda i: not i.is_dir, None, (), False),
     ("isDirectory != NO AND name BEGINSWITH[c] 'r'", lambda i: i.is_dir and begins(i.name, "r", "c"), None, (), False),
     ("isDirectory IN {YES}", lambda i: i.is_dir, None, (), False),
-    ("contentType == 'text/markdown'", lambda i: i.content_type == "text/markdown", None, (), False),
-    ("contentType == 'application/octet-stream'",
+    ("mimeType == 'text/markdown'", lambda i: i.content_type == "text/markdown", None, (), False),
+    ("mimeType == 'application/octet-stream'",
      lambda i: i.content_type == "application/octet-stream", None, (), False),
-    ("contentType BEGINSWITH 'text/'", lambda i: i.content_type.startswith("text/"), "contentType,-size", (), False),
+    ("mimeType BEGINSWITH 'text/'", lambda i: i.content_type.startswith("text/"), "contentType,-size", (), False),
     ("downloadingStatus == 'current'", lambda i: True, None, (), False),
     ("TRUEPREDICATE", lambda i: True, "isDirectory,-modificationDate", (), False),
     ("FALSEPREDICATE", lambda i: False, None, (), True),
@@ -433,8 +452,8 @@ CASES = [
     ("kMDItemFSName BEGINSWITH 'R'", lambda i: begins(i.name, "R"), None, (), False),
     ("NSMetadataItemFSSizeKey > 10000 AND kMDItemFSSize < 12000",
      lambda i: 10000 < i.size < 12000, "NSMetadataItemFSSizeKey", (), False),
-    ("NSMetadataItemPathKey BEGINSWITH '/Documents'", lambda i: begins(i.path, "/Documents"), None, (), False),
-    ("kMDItemContentType == 'image/png'", lambda i: i.content_type == "image/png", "kMDItemFSName", (), False),
+    ("NSMetadataItemPathKey BEGINSWITH '{root}/Documents'", lambda i: begins(i.path, "/Documents"), None, (), False),
+    ("kMDItemContentType == 'public.png'", lambda i: i.content_type == "image/png", "kMDItemFSName", (), False),
     ("NAME endswith[C] '.TXT'", lambda i: ends(i.name, ".TXT", "c"), None, (), False),
     # ---- AND, OR, NOT, parentheses, precedence (NOT > AND > OR)
     ("isDirectory == YES OR size > 15000 AND name ENDSWITH '.md'",
@@ -452,7 +471,7 @@ CASES = [
      "(modificationDate < DATE(\"2020-01-01\") OR size >= 10000) AND isDirectory == NO",
      lambda i: (begins(i.name, "cafe", "cd") or begins(i.name, "resume", "cd"))
      and (i.mtime_s < T or i.size >= 10000) and not i.is_dir, "-modificationDate", (), False),
-    ("name like[cd] '*e*' and size between {100, 10000} or path beginswith '/Documents/'",
+    ("name like[cd] '*e*' and size between {100, 10000} or path beginswith '{root}/Documents/'",
      lambda i: (like(i.name, "*e*", "cd") and 100 <= i.size <= 10000) or begins(i.path, "/Documents/"), None, (), False),
     # ---- sorting by several keys, '-' descending, ties by path
     ("isDirectory == NO", lambda i: not i.is_dir, "contentType,-size,name", (), False),
@@ -572,7 +591,7 @@ def random_atom(rng: random.Random, items: list[Item], focus: Item):
     if kind == 6:  # path
         folder = rng.choice([i for i in items if i.is_dir])
         lit = disguise(folder.path + "/", rng, mods)
-        return (f"{rng.choice(PATH_SPELLINGS)} BEGINSWITH{modtext} {quote(lit, rng)}",
+        return (f"{rng.choice(PATH_SPELLINGS)} BEGINSWITH{modtext} {quote('{root}' + lit, rng)}",
                 lambda i: begins(i.path, lit, mods))
     value = rng.choice(["YES", "NO", "TRUE", "FALSE", "1", "0"])
     truth = value in ("YES", "TRUE", "1")
@@ -640,8 +659,8 @@ def test_query_results_match_a_model_of_the_tree(make_device):
     for item in items:
         r = by_path.get(item.path)
         assert r is not None, f"{item.path!a} missing from TRUEPREDICATE"
-        assert (r["name"], r["size"], r["isDirectory"], r["contentType"], r["modificationDate"]) == \
-            (item.name, item.size, item.is_dir, item.content_type, iso(item.mtime_s)), (item, r)
+        assert (r["name"], r["size"], r["isDirectory"], r["mimeType"], r["contentType"], r["modificationDate"]) == \
+            (item.name, item.size, item.is_dir, item.content_type, UTIS[item.content_type], iso(item.mtime_s)), (item, r)
         assert created_after <= D(r["creationDate"]) <= created_before, (item, r)
         assert r["downloadingStatus"] == "current", r
 
@@ -721,6 +740,7 @@ class Watch:
             env=dev.env(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=self._stderr,
             start_new_session=True,
         )
+        self.root = str(dev.mountpoint)
         self.lines: queue.Queue = queue.Queue()
         self.log: list[tuple[float, dict]] = []
         self._reader = threading.Thread(target=self._read, daemon=True)
@@ -730,7 +750,12 @@ class Watch:
         for raw in self.proc.stdout:
             now = time.monotonic()
             try:
-                self.lines.put((now, json.loads(raw)))
+                event = json.loads(raw)
+                if "path" in event.get("item", {}):
+                    path = event["item"]["path"]
+                    # Absolute; the tests name paths below the mountpoint.
+                    event["item"]["path"] = path[len(self.root):] if path.startswith(self.root + "/") else "NOT BELOW: " + path
+                self.lines.put((now, event))
             except ValueError:
                 self.lines.put((now, {"event": "unparsable", "text": raw.decode(errors="replace")}))
         self.lines.put((time.monotonic(), None))
@@ -868,3 +893,136 @@ def test_watch_on_one_device_follows_changes_made_on_another(make_device):
           % (throttle, ", ".join(f"{k} {v:.2f}s" for k, v in latencies.items())))
     for what, seconds in latencies.items():
         assert seconds < SYNC_TIMEOUT, f"{what} took {seconds:.1f}s"
+
+
+# --------------------------------------------------------------------------
+# 3. Predicates as iCloud apps write them (issue #9)
+# --------------------------------------------------------------------------
+
+
+def test_predicates_as_icloud_apps_write_them(make_device):
+    """The NSMetadataQuery spellings of the iCloud samples: `==` with
+    wildcards, Apple's constant names, YES/NO/TRUE/FALSE."""
+    dev = make_device("i", container=DEFAULT_CONTAINER)
+    root = dev.mountpoint
+    (root / "Documents" / "notes").mkdir(parents=True)
+    (root / "Documents" / "notes" / "todo.txt").write_text("todo\n")
+    (root / "Documents" / "photo.jpg").write_bytes(b"\xff\xd8\xff")
+    (root / "config.json").write_text("{}")
+    everything = run_query(dev, "TRUEPREDICATE", "path")
+    assert len(everything) == 5, everything
+    paths = [r["path"] for r in everything]
+
+    # `==` with `*` or `?` is a wildcard match, as LIKE; [c] still folds case.
+    assert [r["path"] for r in run_query(dev, "NSMetadataItemFSNameKey == '*'", "path")] == paths
+    assert [r["name"] for r in run_query(dev, "NSMetadataItemFSNameKey == '*.JPG'")] == []
+    assert [r["name"] for r in run_query(dev, "NSMetadataItemFSNameKey ==[c] '*.JPG'")] == ["photo.jpg"]
+    assert [r["name"] for r in run_query(dev, "NSMetadataItemFSNameKey == 'todo.tx?'")] == ["todo.txt"]
+    assert [r["name"] for r in run_query(dev, "name != '*.*'", "path")] == ["Documents", "notes"]
+
+    # Apple's constants for the downloading status and the boolean literals:
+    # the same items as the strings and values they stand for.
+    for status in ["Current", "Downloaded", "NotDownloaded"]:
+        value = status[0].lower() + status[1:]
+        expected = [r["path"] for r in everything if r["downloadingStatus"] == value]
+        found = run_query(dev, f"NSMetadataUbiquitousItemDownloadingStatusKey == "
+                               f"NSMetadataUbiquitousItemDownloadingStatus{status}", "path")
+        assert [r["path"] for r in found] == expected, status
+    assert {r["downloadingStatus"] for r in everything} == {"current"}
+
+    def uploaded():
+        assert [r["path"] for r in run_query(dev, "NSMetadataUbiquitousItemIsUploadedKey == YES", "path")] == paths
+    eventually(uploaded, what="every item uploaded")
+    for literal in ["NO", "FALSE", "no"]:
+        assert run_query(dev, f"NSMetadataUbiquitousItemIsUploadedKey == {literal}") == [], literal
+    assert len(run_query(dev, "NSMetadataUbiquitousItemIsUploadedKey == TRUE")) == 5
+
+    # URL, display name and content type (a UTI; the MIME type stays mimeType).
+    by_name = {r["name"]: r for r in run_query(dev, "TRUEPREDICATE", absolute=True)}
+    assert by_name["photo.jpg"]["url"] == f"file://{root}/Documents/photo.jpg"
+    assert by_name["notes"]["url"] == f"file://{root}/Documents/notes/"
+    assert all(r["displayName"] == name for name, r in by_name.items())
+    assert {name: (r["contentType"], r["mimeType"]) for name, r in by_name.items()} == {
+        "Documents": ("public.folder", "inode/directory"), "notes": ("public.folder", "inode/directory"),
+        "todo.txt": ("public.plain-text", "text/plain"), "photo.jpg": ("public.jpeg", "image/jpeg"),
+        "config.json": ("public.json", "application/json")}
+    url = f"file://{root}/Documents/notes/todo.txt"
+    assert [r["name"] for r in run_query(dev, f"NSMetadataItemURLKey == '{url}'")] == ["todo.txt"]
+    assert [r["name"] for r in run_query(dev, "NSMetadataItemContentTypeKey == 'public.jpeg'")] == ["photo.jpg"]
+    assert [r["name"] for r in run_query(dev, "NSMetadataItemDisplayNameKey ENDSWITH '.json'")] == ["config.json"]
+
+    # MATCHES: a regular expression over the whole string.
+    assert [r["name"] for r in run_query(dev, "name MATCHES '[a-z]+\\\\.(txt|jpg)'", "name")] == ["photo.jpg", "todo.txt"]
+    assert run_query(dev, "name MATCHES 'photo'") == []
+    assert [r["name"] for r in run_query(dev, "name MATCHES[c] 'DOC.*'")] == ["Documents"]
+
+
+def check_paths_open(items: list[dict]):
+    """Each result's path is absolute and opens as it is: files read, folders list."""
+    for r in items:
+        path = r["path"]
+        assert os.path.isabs(path), path
+        if r["isDirectory"]:
+            os.listdir(path)
+        else:
+            res = subprocess.run(["cat", path], capture_output=True)
+            assert res.returncode == 0 and len(res.stdout) == r["size"], (path, res)
+
+
+def test_paths_are_absolute_on_every_kind_of_mount(make_device):
+    """NSMetadataItemPathKey is the item's absolute path on this machine, so
+    results open as they are and `BEGINSWITH '/abs/mount/dir'` selects a
+    folder: on a container mount, a `--scope documents` mount (whose root is
+    the Documents folder) and the drive view (containers as folders)."""
+    dev = make_device("p", container=DEFAULT_CONTAINER)
+    root = dev.mountpoint
+    (root / "Documents" / "notes").mkdir(parents=True)
+    (root / "Documents" / "notes" / "todo.txt").write_text("todo\n")
+    (root / "Documents" / "photo.jpg").write_bytes(b"\xff\xd8\xff")
+    (root / "config.json").write_text("{}")
+    found = run_query(dev, "TRUEPREDICATE", "path", absolute=True)
+    assert [r["path"] for r in found] == [f"{root}/Documents", f"{root}/Documents/notes",
+                                          f"{root}/Documents/notes/todo.txt", f"{root}/Documents/photo.jpg",
+                                          f"{root}/config.json"]
+    check_paths_open(found)
+    inside = run_query(dev, f"NSMetadataItemPathKey BEGINSWITH '{root}/Documents/notes/'", absolute=True)
+    assert [r["path"] for r in inside] == [f"{root}/Documents/notes/todo.txt"]
+    assert run_query(dev, "NSMetadataItemPathKey BEGINSWITH '/Documents'") == []
+    # The depth filter of the samples: components as NSString counts them ("/" is one).
+    depth = len(root.parts)  # pathlib counts "/" as a part too
+    top = run_query(dev, f"NSMetadataItemPathKey.pathComponents.@count == {depth + 1}", "path", absolute=True)
+    assert [r["path"] for r in top] == [f"{root}/Documents", f"{root}/config.json"]
+    deepest = run_query(dev, f"path.pathComponents.@count > {depth + 2}", absolute=True)
+    assert [r["path"] for r in deepest] == [f"{root}/Documents/notes/todo.txt"]
+    # The shell way of the samples.
+    res = subprocess.run(["sh", "-c", f"cat \"$({BIN} query {root} --json --predicate \"name == 'todo.txt'\" "
+                                      "| python3 -c 'import json,sys; print(json.loads(sys.stdin.read())[\"item\"][\"path\"])')\""],
+                         capture_output=True, text=True, env=dev.env())
+    assert res.returncode == 0 and res.stdout == "todo\n", res
+    dev.unmount()
+
+    # The same container mounted with --scope documents: its root is Documents.
+    docs = make_device("d", container=DEFAULT_CONTAINER, mount=False)
+    docs.mount_args = ("--scope", "documents")
+    docs.mount()
+    droot = docs.mountpoint
+    def documents_shown():
+        found = run_query(docs, "NSMetadataItemFSNameKey == '*'", "path", absolute=True)
+        assert [r["path"] for r in found] == [f"{droot}/notes", f"{droot}/notes/todo.txt", f"{droot}/photo.jpg"], found
+        return found
+    check_paths_open(eventually(documents_shown, what="the documents scope on the second device"))
+    inside = run_query(docs, f"NSMetadataItemPathKey BEGINSWITH '{droot}/notes'", absolute=True)
+    assert [r["path"] for r in inside] == [f"{droot}/notes", f"{droot}/notes/todo.txt"]
+    failed = docs.cli("query", str(droot), "--scope", "data", "--json", timeout=60)
+    assert failed.returncode != 0 and "documents scope only" in failed.text, failed
+
+    # The drive view: the container's Documents show as a folder by its display name.
+    drive = make_device("v")
+    vroot = drive.mountpoint
+    def todo_in_drive():
+        found = run_query(drive, "NSMetadataItemFSNameKey == 'todo.txt'", absolute=True)
+        assert len(found) == 1, found
+        return found
+    found = eventually(todo_in_drive, what="todo.txt in the drive view")
+    assert found[0]["path"].startswith(f"{vroot}/") and found[0]["path"].endswith("/notes/todo.txt"), found
+    check_paths_open(found)

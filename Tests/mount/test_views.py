@@ -103,9 +103,9 @@ def test_query_over_a_mount_and_its_watch(make_device):
 
     found = query("--predicate", "name LIKE[c] '*.md' AND size > 1000", "--sort", "-size", "--json")
     assert [(i["name"], i["size"]) for i in found] == [("big.md", 5000), ("B.MD", 2000)]
-    assert all(i["contentType"] == "text/markdown" and i["downloadingStatus"] == "current" for i in found)
+    assert all(i["mimeType"] == "text/markdown" and i["contentType"] == "net.daringfireball.markdown" and i["downloadingStatus"] == "current" for i in found)
     assert [i["path"] for i in query("--scope", "documents", "--predicate", "kMDItemFSName BEGINSWITH 'c'", "--json")] \
-        == ["/Documents/c.txt"]
+        == [f"{root}/Documents/c.txt"]
 
     bad = dev.cli("query", str(root), "--predicate", "size > 'big'", timeout=30)
     assert bad.returncode != 0 and "column 8" in bad.text, bad
@@ -141,12 +141,12 @@ def test_query_over_a_mount_and_its_watch(make_device):
         # Moving a folder changes the path of what is inside: seen as a change of each item.
         os.makedirs(root / "logs" / "old")
         (root / "logs" / "old" / "a.log").write_text("a")
-        wait_for("added", path="/logs/old/a.log")
+        wait_for("added", path=f"{root}/logs/old/a.log")
         os.rename(root / "logs" / "old", root / "logs" / "new")
-        wait_for("changed", path="/logs/new/a.log")
+        wait_for("changed", path=f"{root}/logs/new/a.log")
         with open(root / "logs" / "new" / "a.log", "a") as f:
             f.write("more")
-        wait_for("changed", path="/logs/new/a.log", size=5)
+        wait_for("changed", path=f"{root}/logs/new/a.log", size=5)
     finally:
         watch.terminate()
         watch.wait(10)
