@@ -16,6 +16,8 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-log", from: "1.16.2"),
         .package(url: "https://github.com/groue/GRDB.swift", from: "7.10.0"),
         .package(url: "https://github.com/apple/swift-crypto", from: "3.12.3"),
+        .package(url: "https://github.com/swift-server/async-http-client", from: "1.37.0"),
+        .package(url: "https://github.com/apple/swift-nio", from: "2.101.2"),
     ],
     targets: [
         .systemLibrary(name: "CFuse3", pkgConfig: "fuse3", providers: [.apt(["libfuse3-dev"])]),
@@ -23,6 +25,17 @@ let package = Package(
         .target(
             name: "UbiquityStore",
             dependencies: ["CLinux", .product(name: "Crypto", package: "swift-crypto")],
+            swiftSettings: swiftSettings),
+        .target(
+            name: "UbiquityS3",
+            dependencies: [
+                "UbiquityStore",
+                .product(name: "Crypto", package: "swift-crypto"),
+                .product(name: "AsyncHTTPClient", package: "async-http-client"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOHTTP1", package: "swift-nio"),
+                .product(name: "Logging", package: "swift-log"),
+            ],
             swiftSettings: swiftSettings),
         .target(
             name: "UbiquityReplica",
@@ -47,7 +60,7 @@ let package = Package(
         .target(
             name: "UbiquityCLI",
             dependencies: [
-                "UbiquityFUSE", "UbiquityFS", "UbiquitySync", "UbiquityReplica", "UbiquityStore", "UbiquityControl",
+                "UbiquityFUSE", "UbiquityFS", "UbiquitySync", "UbiquityReplica", "UbiquityStore", "UbiquityControl", "UbiquityS3",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
             ],
@@ -56,6 +69,10 @@ let package = Package(
         .testTarget(
             name: "UbiquityControlTests",
             dependencies: ["UbiquityControl"],
+            swiftSettings: swiftSettings),
+        .testTarget(
+            name: "UbiquityS3Tests",
+            dependencies: ["UbiquityS3", "UbiquityStore"],
             swiftSettings: swiftSettings),
         .testTarget(
             name: "UbiquityCoreTests",

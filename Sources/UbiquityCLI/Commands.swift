@@ -45,12 +45,15 @@ struct Mount: ParsableCommand {
             Without --container: the drive view — this device's own container (com.ubiquityfs.default) at the \
             root, and a folder per container whose Documents scope is public, named by its display name. \
             With --container: that container, or one --scope of it.
-            Without --store, the folder store in $XDG_DATA_HOME/ubiquityfs/store is used (created on first use).
+            Without --store: the store this mountpoint used last (remembered in \
+            $XDG_CONFIG_HOME/ubiquityfs/mounts.json), else the folder store in $XDG_DATA_HOME/ubiquityfs/store \
+            (created on first use). An S3 store: --store s3://BUCKET/PREFIX [--endpoint URL] [--region R], \
+            with credentials from the environment or ~/.aws (AWS_PROFILE or --profile).
             All mounts of one store on this device are served by one daemon.
             """)
 
     @Argument(help: "An existing, empty directory.") var mountpoint: String
-    @Option(help: "Path of a folder store (must exist; an empty folder becomes a new store).") var store: String?
+    @OptionGroup var storeOptions: StoreOptions
     @Option(help: "Mount this container instead of the drive.") var container: String?
     @Flag(help: "Stay in the foreground and log to stderr.") var foreground = false
     @Option(name: .customShort("o"), help: "Extra FUSE mount options, comma-separated.") var options: [String] = []
@@ -86,11 +89,14 @@ struct Mount: ParsableCommand {
     func run() throws {
         let request = MountRequest(mountpoint: absolutePath(mountpoint), container: container, scope: scope ?? .all,
                                    fuseOptions: options.flatMap { $0.split(separator: ",").map(String.init) })
-        let settings = DaemonSettings(storePath: store.map(absolutePath), foreground: foreground || notifyFd != nil,
+        let explicitStore = storeOptions.address
+        let address: StoreAddress?
+        do { address = try explicitStore ?? RememberedStores.store(for: request.mountpoint) } catch { fail(error) }
+        let settings = DaemonSettings(store: address, foreground: foreground || notifyFd != nil,
                                       pollInterval: pollInterval, cacheLimit: cacheSize.flatMap(parseSize),
                                       deviceName: deviceName, sharedStore: sharedStore, notifyFD: notifyFd)
         let locations = Locations()
-        let storeKey = settings.storePath ?? locations.defaultStore.path
+        let storeKey = settings.store?.key ?? locations.defaultStore.path
         let what = container.map { "\($0)\(scope.map { " (\($0.rawValue) scope)" } ?? "")" } ?? "the drive"
         if settings.foreground {
             do {
@@ -117,14 +123,17 @@ struct Mount: ParsableCommand {
             defer { close(lock) }
             while flock(lock, LOCK_EX) != 0 && errno == EINTR {}
             let socket = locations.daemonSocket(store: storeKey).path
+            let from = address.map { " from \($0.description)" } ?? ""
             if let pid = try join(request, settings: settings, socket: socket, probeOnly: false) {
-                print("Mounted \(what) at \(request.mountpoint) (daemon pid \(pid))")
+                if explicitStore != nil { RememberedStores.remember(explicitStore, for: request.mountpoint) }
+                print("Mounted \(what)\(from) at \(request.mountpoint) (daemon pid \(pid))")
                 return
             }
             let (pid, message) = try spawnDaemon(request, settings)
             if message.hasPrefix("ready") {
+                if explicitStore != nil { RememberedStores.remember(explicitStore, for: request.mountpoint) }
                 let log = message.components(separatedBy: " log ").last ?? ""
-                print("Mounted \(what) at \(request.mountpoint) (daemon pid \(pid); log: \(log))")
+                print("Mounted \(what)\(from) at \(request.mountpoint) (daemon pid \(pid); log: \(log))")
             } else {
                 fail(UbiquityError(EIO, message.hasPrefix("error ") ? String(message.dropFirst(6)) : message))
             }
@@ -176,7 +185,7 @@ struct Mount: ParsableCommand {
         let exe = (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe")) ?? CommandLine.arguments[0]
         var arguments = [exe, "mount", request.mountpoint, "--notify-fd", "3", "--poll-interval", String(settings.pollInterval)]
         if let container = request.container { arguments += ["--container", container, "--scope", request.scope.rawValue] }
-        if let store = settings.storePath { arguments += ["--store", store] }
+        if let store = settings.store { arguments += store.arguments }
         if let limit = settings.cacheLimit { arguments += ["--cache-size", String(limit)] }
         if let name = settings.deviceName { arguments += ["--device-name", name] }
         if settings.sharedStore { arguments.append("--shared-store") }
@@ -344,7 +353,9 @@ struct Status: ParsableCommand {
         func bytes(_ key: String) -> String { formatBytes(UInt64(status[key] as? Int ?? 0)) }
         let view = status["view"] as? String == "drive" ? "the drive" : "container \(status["container"] ?? "?"), \(status["scope"] ?? "all") scope"
         print("Mount:        \(path) (\(view), daemon pid \(status["pid"] ?? "?"))")
-        print("Store:        \((status["storeReachable"] as? Bool ?? false) ? "reachable" : "UNREACHABLE (working offline; changes are queued)")")
+        let latency = (status["storeLatencyMs"] as? Double).map { String(format: ", %.0f ms", $0) } ?? ""
+        let reachable = (status["storeReachable"] as? Bool ?? false) ? "reachable\(latency)" : "UNREACHABLE (working offline; changes are queued)"
+        print("Store:        \(status["store"] as? String ?? "?") (\(reachable))")
         print("Items:        \(status["items"] ?? 0) (Documents scope \(status["documentsItems"] ?? 0), Data scope \(status["dataItems"] ?? 0))")
         for container in status["containers"] as? [[String: Any]] ?? [] {
             let folder = (container["folder"] as? String).map { " in \($0 == "/" ? "the root" : "folder \"\($0)\"")" } ?? ""

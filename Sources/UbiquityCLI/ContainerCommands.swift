@@ -16,16 +16,22 @@ struct Container: ParsableCommand {
 }
 
 struct StoreOption: ParsableArguments {
-    @Option(help: "Path of a folder store (default: $XDG_DATA_HOME/ubiquityfs/store).") var store: String?
+    @OptionGroup var location: StoreOptions
     @Flag(help: "When the store is new, make it shared by the group of its folder (as `mount --shared-store`).")
     var sharedStore = false
 
-    func open() throws -> FolderStore {
-        if let store {
-            return try FolderStore(root: URL(fileURLWithPath: absolutePath(store)), create: false, initializeEmpty: true,
-                                   shared: sharedStore)
+    func open() throws -> any Store {
+        guard let address = location.address else {
+            return try FolderStore(root: Locations().defaultStore, create: true, initializeEmpty: true, shared: sharedStore)
         }
-        return try FolderStore(root: Locations().defaultStore, create: true, initializeEmpty: true, shared: sharedStore)
+        if address.isS3 {
+            let locations = Locations()
+            let store = try address.openS3(knownStoreID: address.knownStoreID(locations))
+            if let problem = store.startupProblem { throw UbiquityError(EHOSTDOWN, problem) }
+            address.rememberStoreID(store.storeID, locations)
+            return store
+        }
+        return try FolderStore(root: URL(fileURLWithPath: address.url), create: false, initializeEmpty: true, shared: sharedStore)
     }
 }
 

@@ -21,7 +21,8 @@ struct MountRequest: Sendable {
 
 /// What the daemon process runs with (from the `mount` that started it).
 struct DaemonSettings: Sendable {
-    var storePath: String?
+    /// nil: the default folder store.
+    var store: StoreAddress?
     var foreground = false
     /// Seconds between journal polls (the folder store also wakes the puller through inotify).
     var pollInterval: Double = 1
@@ -57,7 +58,7 @@ final class Daemon: @unchecked Sendable {
     let locations = Locations()
     var logger = Logger(label: "ubiquityfs")
     var device = DeviceIdentity(id: "", name: "")
-    var store: FolderStore!
+    var store: (any Store)!
     /// The store as the sync engines use it (with injected faults in tests).
     var syncStore: (any Store)!
     /// Why the store could not be reached at start (the mounts then start offline).
@@ -86,7 +87,8 @@ final class Daemon: @unchecked Sendable {
         self.settings = settings
     }
 
-    var storePath: String { store.root.path }
+    /// Where the store is, for status and messages.
+    var storePath: String { store.locationDescription }
 
     /// Check the mountpoint: exists, is a directory, is empty, is not mounted.
     static func validateMountpoint(_ path: String) throws -> String {
@@ -107,29 +109,34 @@ final class Daemon: @unchecked Sendable {
     }
 
     /// Open the store: the default one is created on first use; an explicit
-    /// one must exist, and an empty folder becomes a store only if this
-    /// device has never used a store there.
-    func openStore() throws -> FolderStore {
-        let isDefault = settings.storePath == nil
-        let path = settings.storePath.map { URL(fileURLWithPath: $0).standardizedFileURL } ?? locations.defaultStore
-        let knownFile = locations.dataHome.appendingPathComponent("known-stores")
-            .appendingPathComponent(ContentCopy.hash(of: Data(path.path.utf8)))
-        let knownID = (try? String(contentsOf: knownFile, encoding: .utf8))?.trimmingCharacters(in: .whitespacesAndNewlines)
-        let store: FolderStore
-        do {
-            store = try FolderStore(root: path, create: isDefault && knownID == nil, initializeEmpty: knownID == nil,
-                                    shared: settings.sharedStore)
-        } catch let error as UbiquityError where knownID != nil && [ENOENT, EHOSTDOWN, EACCES, ENOTDIR, EINVAL].contains(error.errno) {
-            // A store this device has used: missing, emptied, unreadable or unmounted
-            // means unreachable — never "everything was deleted". Work offline.
-            offlineReason = error.description
-            return FolderStore(unreachableAt: path, storeID: knownID!)
+    /// one must exist, and an empty folder (an S3 prefix with no marker)
+    /// becomes a store only if this device has never used a store there.
+    /// A store this device has used that cannot be reached now is opened
+    /// offline (`offlineReason`).
+    func openStore() throws -> any Store {
+        let address = settings.store ?? StoreAddress(url: locations.defaultStore.path)
+        let knownID = address.knownStoreID(locations)
+        let store: any Store
+        if address.isS3 {
+            let s3 = try address.openS3(knownStoreID: knownID)
+            offlineReason = s3.startupProblem
+            store = s3
+        } else {
+            let path = URL(fileURLWithPath: address.url).standardizedFileURL
+            do {
+                store = try FolderStore(root: path, create: settings.store == nil && knownID == nil, initializeEmpty: knownID == nil,
+                                        shared: settings.sharedStore)
+            } catch let error as UbiquityError where knownID != nil && [ENOENT, EHOSTDOWN, EACCES, ENOTDIR, EINVAL].contains(error.errno) {
+                // A store this device has used: missing, emptied, unreadable or unmounted
+                // means unreachable — never "everything was deleted". Work offline.
+                offlineReason = error.description
+                return FolderStore(unreachableAt: path, storeID: knownID!)
+            }
         }
         if let knownID, knownID != store.storeID {
-            throw UbiquityError(EINVAL, "\(path.path) now holds a different store than the one this device used there; refusing to mix them")
+            throw UbiquityError(EINVAL, "\(address.description) now holds a different store than the one this device used there; refusing to mix them")
         }
-        try? FileManager.default.createDirectory(at: knownFile.deletingLastPathComponent(), withIntermediateDirectories: true)
-        try? store.storeID.write(to: knownFile, atomically: true, encoding: .utf8)
+        address.rememberStoreID(store.storeID, locations)
         return store
     }
 
@@ -154,7 +161,7 @@ final class Daemon: @unchecked Sendable {
         if settings.notifyFD != nil, logFD >= 0 { dup2(logFD, STDERR_FILENO) }   // crash reports land in the log
         LogSetup.bootstrap(descriptors: descriptors, level: ProcessInfo.processInfo.environment["UBIQUITYFS_DEBUG"] != nil ? .debug : .info)
         logger = Logger(label: "ubiquityfs")
-        logger.info("daemon \(getpid()) for store \(store.root.path) (device \(device.name) \(device.id))")
+        logger.info("daemon \(getpid()) for store \(storePath) (device \(device.name) \(device.id))")
         if let offlineReason { logger.warning("the store is unreachable (\(offlineReason)); working offline, changes are queued") }
 
         try forwardSignals()
@@ -182,8 +189,8 @@ final class Daemon: @unchecked Sendable {
         logger.info("daemon \(getpid()) stopped: no mount left")
     }
 
-    /// The store path as `mount` names it (the daemon's socket is keyed on it).
-    var storeKeyPath: String { settings.storePath ?? locations.defaultStore.path }
+    /// The store as `mount` names it (the daemon's socket is keyed on it).
+    var storeKeyPath: String { settings.store?.key ?? locations.defaultStore.path }
 
     /// `mount` of a daemon already running: add the mountpoint.
     func handleDaemonRequest(_ req: [String: Any], _ connection: ControlConnection) {
@@ -197,7 +204,7 @@ final class Daemon: @unchecked Sendable {
             connection.send(["error": "unknown command"])
             return
         }
-        if req["sharedStore"] as? Bool == true, !store.shared {
+        if req["sharedStore"] as? Bool == true, (store as? FolderStore)?.shared != true {
             connection.send(["error": "store \(storePath) is private (made without --shared-store); its files are its owner's only"])
             return
         }

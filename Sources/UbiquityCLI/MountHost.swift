@@ -4,6 +4,7 @@ import Synchronization
 import UbiquityFS
 import UbiquityFUSE
 import UbiquityReplica
+import UbiquityS3
 import UbiquityStore
 import UbiquitySync
 #if canImport(Glibc)
@@ -395,6 +396,7 @@ final class MountHost: @unchecked Sendable {
             "pid": Int(getpid()), "mountpoint": mountpoint, "store": daemon.storePath, "dataHome": daemon.locations.dataHome.path,
             "storeReachable": reachable, "containers": perContainer, "failingUploads": failing,
             "quarantinedRecords": quarantined,
+            "storeLatencyMs": (daemon.store as? S3Store)?.client.roundTripMilliseconds ?? NSNull(),
             "recentErrors": errors.sorted { $0.0 < $1.0 }.suffix(20).map { ["date": isoDate($0.0), "message": $0.1] },
         ]
         switch kind {

@@ -151,6 +151,8 @@ public final class FolderStore: Store {
         }
     }
 
+    public var locationDescription: String { root.path }
+
     /// Whether `root` currently looks like this store (the marker decides).
     public var isReachable: Bool {
         guard let data = FileManager.default.contents(atPath: root.appendingPathComponent(Self.markerName).path),

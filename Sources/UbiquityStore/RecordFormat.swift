@@ -93,7 +93,7 @@ public enum RecordFormat {
     }
 
     /// A value from a record, quoted for a reason (escaped, shortened).
-    static func quoted(_ text: String) -> String { "\"\(printable(text, limit: 40))\"" }
+    public static func quoted(_ text: String) -> String { "\"\(printable(text, limit: 40))\"" }
 }
 
 /// One journal record as a store holds it: the change set, or why the
@@ -138,7 +138,11 @@ extension ChangeSet {
         } catch let error as UbiquityError {
             throw UbiquityError(EBADMSG, "this device's change set would be refused by every reader: \(error.message)")
         }
-        let data = try JSONEncoder().encode(self)
+        // Sorted keys: the same change set is always the same bytes (an S3
+        // commit whose answer was lost recognises its record by them).
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = [.sortedKeys]
+        let data = try encoder.encode(self)
         guard data.count <= RecordFormat.maxRecordBytes else {
             throw UbiquityError(EFBIG, "change set of \(data.count) bytes is larger than a record may be (\(RecordFormat.maxRecordBytes))")
         }
@@ -204,7 +208,7 @@ extension ChangeSet {
     }
 
     /// A decoding error as a reason: where in the record, and what.
-    static func describe(_ error: DecodingError) -> String {
+    public static func describe(_ error: DecodingError) -> String {
         func path(_ keys: [any CodingKey]) -> String {
             var out = ""
             for key in keys {

@@ -13,6 +13,11 @@ import Foundation
 public protocol Store: Sendable {
     /// A stable identifier of this store (from its marker), used to key replicas.
     var storeID: String { get }
+    /// Where the store is, for people: a folder's path, `s3://bucket/prefix`.
+    var locationDescription: String { get }
+    /// Whether the store answers now and is still this store (its marker).
+    /// Asks the store: not for hot paths.
+    var isReachable: Bool { get }
 
     func containerConfig(_ container: String) throws -> ContainerConfig?
     func createContainer(_ config: ContainerConfig) throws
@@ -55,6 +60,8 @@ public protocol Store: Sendable {
 
 extension Store {
     public func watchJournal(container: String) -> (any JournalWatcher)? { nil }
+    public var locationDescription: String { storeID }
+    public var isReachable: Bool { true }
 
     /// Whether the store holds blob `hash` with exactly `size` bytes.
     public func holdsBlob(_ hash: String, size: Int) throws -> Bool {

@@ -115,7 +115,9 @@ public final class InMemoryStore: Store {
 
 /// Wraps a store and fails chosen operations, for fault-injection tests.
 public final class FaultyStore: Store, CustomStringConvertible {
-    public var description: String { (base as? FolderStore)?.root.path ?? base.storeID }
+    public var description: String { base.locationDescription }
+    public var locationDescription: String { base.locationDescription }
+    public var isReachable: Bool { base.isReachable }
     public enum Operation: Sendable, Hashable { case commit, journal, blobSize, putBlob, fetchBlob }
 
     let base: any Store

@@ -234,8 +234,8 @@ public final class SyncEngine: Sendable {
         uploadFailures.withLock { $0.map { ($0.key, $0.value.attempts, $0.value.message) } }.sorted { $0.ino < $1.ino }
     }
 
-    /// Where the store is, for status (a folder store's path).
-    public var storePath: String { (store as? FolderStore)?.root.path ?? (store as? FaultyStore)?.description ?? store.storeID }
+    /// Where the store is, for status (a folder store's path, an S3 URL).
+    public var storePath: String { store.locationDescription }
 
     /// Push until nothing is pending, reporting progress. Returns the number
     /// of items still pending: 0, or items that cannot be pushed because a

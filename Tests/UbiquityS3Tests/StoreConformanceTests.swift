@@ -1,0 +1,334 @@
+import Foundation
+import Synchronization
+import Testing
+import UbiquityS3
+import UbiquityStore
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// One store test suite for every `Store`: the folder store, and each S3
+/// server that `Tests/run-all.sh` started (`UBIQUITYFS_TEST_S3_SERVERS`: a
+/// comma-separated list of the `server.json` files `Tests/servers/s3servers.py`
+/// writes). Each test gets a fresh store (a temporary folder, a fresh prefix).
+enum StoreKind: CustomTestStringConvertible, Sendable {
+    case folder
+    case s3(name: String, server: S3TestServer)
+
+    var testDescription: String {
+        switch self {
+        case .folder: "folder"
+        case .s3(let name, _): name
+        }
+    }
+
+    static var all: [StoreKind] { [.folder] + S3TestServer.configured.map { .s3(name: $0.kind, server: $0) } }
+}
+
+/// A server from `Tests/servers/s3servers.py` (its JSON).
+struct S3TestServer: Decodable, Sendable {
+    var kind: String
+    var endpoint: String
+    var region: String
+    var bucket: String
+    var access_key: String
+    var secret_key: String
+
+    static let configured: [S3TestServer] = {
+        guard let list = ProcessInfo.processInfo.environment["UBIQUITYFS_TEST_S3_SERVERS"], !list.isEmpty else { return [] }
+        return list.split(separator: ",").map { path in
+            guard let data = FileManager.default.contents(atPath: String(path)),
+                  let server = try? JSONDecoder().decode(S3TestServer.self, from: data) else {
+                fatalError("UBIQUITYFS_TEST_S3_SERVERS names \(path), which is not a server.json")
+            }
+            return server
+        }
+    }()
+
+    var credentials: AWSCredentials { AWSCredentials(accessKeyID: access_key, secretAccessKey: secret_key, source: "test") }
+
+    func location(prefix: String) throws -> S3Location {
+        try S3Location(url: "s3://\(bucket)/\(prefix)", endpoint: endpoint, region: region)
+    }
+}
+
+/// A fresh store of one kind, and raw access to what it holds.
+struct StoreUnderTest {
+    let kind: StoreKind
+    let store: any Store
+    let folder: URL?
+    let prefix: String
+
+    init(_ kind: StoreKind) throws {
+        self.kind = kind
+        prefix = "conformance-\(UUID().uuidString.lowercased())"
+        switch kind {
+        case .folder:
+            let dir = FileManager.default.temporaryDirectory.appendingPathComponent(prefix)
+            folder = dir
+            store = try FolderStore(root: dir, create: true, initializeEmpty: true)
+        case .s3(_, let server):
+            folder = nil
+            store = try S3Store(location: try server.location(prefix: prefix), credentials: server.credentials, knownStoreID: nil)
+        }
+    }
+
+    /// Another client of the same store (a second device).
+    func reopen() throws -> any Store {
+        switch kind {
+        case .folder: return try FolderStore(root: folder!, create: false, initializeEmpty: false)
+        case .s3(_, let server):
+            return try S3Store(location: try server.location(prefix: prefix), credentials: server.credentials, knownStoreID: store.storeID)
+        }
+    }
+
+    /// Write raw bytes at a store-relative key (damage, hostile records).
+    func writeRaw(_ key: String, _ data: Data) throws {
+        switch kind {
+        case .folder:
+            let url = folder!.appendingPathComponent(key)
+            try FileManager.default.createDirectory(at: url.deletingLastPathComponent(), withIntermediateDirectories: true)
+            try data.write(to: url)
+        case .s3:
+            let s3 = store as! S3Store
+            _ = try s3.client.send(.PUT, key: s3.client.location.prefix + key, body: data)
+        }
+    }
+
+    /// The key of journal record `seq` of `container`, relative to the store.
+    func journalKey(_ container: String, _ seq: UInt64) -> String {
+        let number = String(repeating: "0", count: 16 - String(seq).count) + String(seq)
+        switch kind {
+        case .folder: return "containers/\(container)/journal/\(number)"
+        case .s3: return "containers/\(container.utf8.map { String(format: "%02x", $0) }.joined())/journal/\(number)"
+        }
+    }
+
+    func cleanUp() {
+        if let folder { try? FileManager.default.removeItem(at: folder) }
+    }
+}
+
+func changeSet(_ device: String, _ n: Int = 0) -> ChangeSet {
+    ChangeSet(device: device, deviceName: "dev-\(n)", changes: [])
+}
+
+@Suite(.serialized) struct StoreConformanceTests {
+    @Test(arguments: StoreKind.all) func theMarkerNamesOneStore(kind: StoreKind) throws {
+        let s = try StoreUnderTest(kind)
+        defer { s.cleanUp() }
+        #expect(RecordFormat.isValidID(s.store.storeID))
+        #expect(try s.reopen().storeID == s.store.storeID)
+        #expect(s.store.isReachable)
+    }
+
+    @Test(arguments: StoreKind.all) func containersAreCreatedOnceAndListed(kind: StoreKind) throws {
+        let s = try StoreUnderTest(kind)
+        defer { s.cleanUp() }
+        // IDs with characters that sort before "/" ('.', '-'), and one that is a prefix of another.
+        let ids = ["com.a", "com.a.b", "com.a-b", "a_b", "com.ab"]
+        for id in ids { try s.store.createContainer(ContainerConfig(id: id, displayName: "Name \(id)")) }
+        #expect(throws: UbiquityError.self) { try s.store.createContainer(ContainerConfig(id: "com.a", displayName: "again")) }
+        do {
+            try s.store.createContainer(ContainerConfig(id: "com.a", displayName: "again"))
+        } catch let error as UbiquityError {
+            #expect(error.errno == EEXIST)
+        }
+        let listing = try s.reopen().containers()
+        #expect(listing.configs.map(\.id).sorted() == ids.sorted())
+        #expect(listing.damaged.isEmpty)
+        #expect(try s.store.containerConfig("com.a.b")?.displayName == "Name com.a.b")
+        #expect(try s.store.containerConfig("com.missing") == nil)
+        var changed = try #require(try s.store.containerConfig("com.a"))
+        changed.documentScopePublic = true
+        try s.store.updateContainer(changed)
+        #expect(try s.reopen().containerConfig("com.a")?.documentScopePublic == true)
+    }
+
+    @Test(arguments: StoreKind.all) func aDamagedContainerConfigIsListedAsDamaged(kind: StoreKind) throws {
+        let s = try StoreUnderTest(kind)
+        defer { s.cleanUp() }
+        try s.store.createContainer(ContainerConfig(id: "com.good", displayName: "Good"))
+        try s.store.createContainer(ContainerConfig(id: "com.bad", displayName: "Bad"))
+        let badKey = s.journalKey("com.bad", 1).replacingOccurrences(of: "journal/0000000000000001", with: "container.json")
+        try s.writeRaw(badKey, Data("{not json".utf8))
+        let listing = try s.store.containers()
+        #expect(listing.configs.map(\.id) == ["com.good"])
+        #expect(listing.damaged.map(\.id) == ["com.bad"])
+    }
+
+    @Test(arguments: StoreKind.all) func theJournalIsReadInOrderFromAnyPoint(kind: StoreKind) throws {
+        let s = try StoreUnderTest(kind)
+        defer { s.cleanUp() }
+        try s.store.createContainer(ContainerConfig(id: "com.j", displayName: "J"))
+        #expect(try s.store.journal(container: "com.j", after: 0, limit: 10).isEmpty)
+        for seq in 1...300 { #expect(try s.store.commit(container: "com.j", seq: UInt64(seq), changeSet: changeSet("d", seq))) }
+        let other = try s.reopen()
+        let all = try other.journal(container: "com.j", after: 0, limit: 1000)
+        #expect(all.map(\.seq) == Array(1...300).map(UInt64.init))
+        #expect(all.allSatisfy { $0.changeSet?.deviceName == "dev-\($0.seq)" })
+        let some = try other.journal(container: "com.j", after: 250, limit: 20)
+        #expect(some.map(\.seq) == Array(251...270).map(UInt64.init))
+        #expect(try other.journal(container: "com.j", after: 300, limit: 10).isEmpty)
+        #expect(try other.journal(container: "com.j", after: 299, limit: 10).map(\.seq) == [300])
+    }
+
+    @Test(arguments: StoreKind.all) func aTakenNumberIsRefused(kind: StoreKind) throws {
+        let s = try StoreUnderTest(kind)
+        defer { s.cleanUp() }
+        try s.store.createContainer(ContainerConfig(id: "com.c", displayName: "C"))
+        #expect(try s.store.commit(container: "com.c", seq: 1, changeSet: changeSet("a")))
+        #expect(try !s.reopen().commit(container: "com.c", seq: 1, changeSet: changeSet("b")))
+        #expect(try s.store.journal(container: "com.c", after: 0, limit: 5).first?.changeSet?.device == "a")
+    }
+
+    /// Eight devices race for each of ten numbers: exactly one wins each.
+    @Test(arguments: StoreKind.all) func exactlyOneDeviceWinsARace(kind: StoreKind) throws {
+        let s = try StoreUnderTest(kind)
+        defer { s.cleanUp() }
+        try s.store.createContainer(ContainerConfig(id: "com.race", displayName: "Race"))
+        let devices = try (0..<8).map { _ in try s.reopen() }
+        for seq in 1...10 {
+            let winners = Mutex<[Int]>([])
+            let failures = Mutex<[String]>([])
+            DispatchQueue.concurrentPerform(iterations: devices.count) { i in
+                do {
+                    if try devices[i].commit(container: "com.race", seq: UInt64(seq), changeSet: changeSet("device-\(i)")) {
+                        winners.withLock { $0.append(i) }
+                    }
+                } catch {
+                    failures.withLock { $0.append("\(error)") }
+                }
+            }
+            #expect(failures.withLock { $0 } == [])
+            let won = winners.withLock { $0 }
+            #expect(won.count == 1, "seq \(seq): winners \(won)")
+            let stored = try s.store.journal(container: "com.race", after: UInt64(seq - 1), limit: 1)
+            #expect(stored.first?.changeSet?.device == won.first.map { "device-\($0)" })
+        }
+    }
+
+    @Test(arguments: StoreKind.all) func aRecordThatIsNotAChangeSetIsInvalidNotAnError(kind: StoreKind) throws {
+        let s = try StoreUnderTest(kind)
+        defer { s.cleanUp() }
+        try s.store.createContainer(ContainerConfig(id: "com.bad", displayName: "Bad"))
+        #expect(try s.store.commit(container: "com.bad", seq: 1, changeSet: changeSet("a")))
+        try s.writeRaw(s.journalKey("com.bad", 2), Data("{\"version\": 1, \"dev".utf8))
+        #expect(try s.store.commit(container: "com.bad", seq: 3, changeSet: changeSet("a")))
+        let records = try s.store.journal(container: "com.bad", after: 0, limit: 10)
+        #expect(records.map(\.seq) == [1, 2, 3])
+        #expect(records[1].changeSet == nil)
+        if case .invalid = records[1].content {} else { Issue.record("record 2 should be invalid") }
+        #expect(try !s.store.commit(container: "com.bad", seq: 2, changeSet: changeSet("b")))
+    }
+
+    @Test(arguments: StoreKind.all) func blobsAreVerifiedWhenRead(kind: StoreKind) throws {
+        let s = try StoreUnderTest(kind)
+        defer { s.cleanUp() }
+        let data = Data((0..<100_000).map { UInt8(truncatingIfNeeded: $0 * 7) })
+        let hash = ContentCopy.hash(of: data)
+        #expect(try s.store.blobSize(hash) == nil)
+        try s.store.putBlob(hash, data: data)
+        try s.store.putBlob(hash, data: data)   // again: harmless
+        try s.store.flushBlobs()
+        #expect(try s.store.blobSize(hash) == 100_000)
+        #expect(try s.reopen().fetchBlob(hash) == data)
+        // Damaged in the store: an error, never data.
+        try s.writeRaw("blobs/\(hash.prefix(2))/\(hash)", Data("not the content".utf8))
+        #expect(throws: UbiquityError.self) { try s.store.fetchBlob(hash) }
+        // Put again: the damaged copy is replaced.
+        try s.store.putBlob(hash, data: data)
+        #expect(try s.store.fetchBlob(hash) == data)
+        let missing = ContentCopy.hash(of: Data("missing".utf8))
+        do {
+            _ = try s.store.fetchBlob(missing)
+            Issue.record("a missing blob was read")
+        } catch let error as UbiquityError {
+            #expect(error.errno == EIO)
+        }
+    }
+}
+
+/// What only the S3 store has to get right.
+@Suite(.serialized) struct S3StoreTests {
+    static var servers: [S3TestServer] { S3TestServer.configured }
+
+    /// A commit whose answer was lost (the record is there with our very
+    /// bytes) is a win, not a lost race.
+    @Test(arguments: servers) func aCommitWhoseAnswerWasLostIsOurs(server: S3TestServer) throws {
+        let prefix = "lost-\(UUID().uuidString.lowercased())"
+        let store = try S3Store(location: try server.location(prefix: prefix), credentials: server.credentials, knownStoreID: nil)
+        try store.createContainer(ContainerConfig(id: "com.l", displayName: "L"))
+        let mine = changeSet("me-device")
+        let key = store.client.location.prefix + "containers/" + "com.l".utf8.map { String(format: "%02x", $0) }.joined()
+            + "/journal/0000000000000001"
+        _ = try store.client.send(.PUT, key: key, body: try mine.encodedRecord(seq: 1))
+        #expect(try store.commit(container: "com.l", seq: 1, changeSet: mine))
+        #expect(try !store.commit(container: "com.l", seq: 1, changeSet: changeSet("someone-else")))
+    }
+
+    /// A prefix this device knew, now without its marker: unreachable, never a new empty store.
+    @Test(arguments: servers) func aKnownStoreWithoutItsMarkerIsUnreachable(server: S3TestServer) throws {
+        let prefix = "gone-\(UUID().uuidString.lowercased())"
+        let store = try S3Store(location: try server.location(prefix: prefix), credentials: server.credentials,
+                                knownStoreID: "0f0f0f0f-0000-4000-8000-000000000000")
+        #expect(store.startupProblem != nil)
+        #expect(!store.isReachable)
+        do {
+            _ = try store.journal(container: "com.x", after: 0, limit: 1)
+            Issue.record("an unreachable store answered")
+        } catch let error as UbiquityError {
+            #expect(error.errno == EHOSTDOWN)
+        }
+    }
+
+    @Test(arguments: servers) func wrongCredentialsAndMissingBucketsAreClearErrors(server: S3TestServer) throws {
+        var wrong = server.credentials
+        wrong.secretAccessKey = "not-the-secret"
+        do {
+            _ = try S3Store(location: try server.location(prefix: "p"), credentials: wrong, knownStoreID: nil)
+            Issue.record("wrong credentials were accepted")
+        } catch let error as UbiquityError {
+            #expect(error.errno == EACCES)
+            #expect(!error.message.contains("not-the-secret"))
+        }
+        do {
+            let location = try S3Location(url: "s3://no-such-bucket-\(UInt32.random(in: 0...UInt32.max))/p", endpoint: server.endpoint,
+                                          region: server.region)
+            _ = try S3Store(location: location, credentials: server.credentials, knownStoreID: nil)
+            Issue.record("a missing bucket was accepted")
+        } catch let error as UbiquityError {
+            #expect(error.errno == ENOENT)
+        }
+    }
+
+    @Test func anUnansweringServerIsUnreachable() throws {
+        // A port nothing listens on (bound, never accepting, then closed).
+        let location = try S3Location(url: "s3://bucket/p", endpoint: "http://127.0.0.1:9", region: "us-east-1")
+        let credentials = AWSCredentials(accessKeyID: "AKID", secretAccessKey: "secret", source: "test")
+        let store = try S3Store(location: location, credentials: credentials, knownStoreID: "0f0f0f0f-0000-4000-8000-000000000000")
+        #expect(store.startupProblem?.contains("not reachable") == true)
+        do {
+            _ = try S3Store(location: location, credentials: credentials, knownStoreID: nil)
+            Issue.record("a store nobody answers for was opened as new")
+        } catch let error as UbiquityError {
+            #expect(error.errno == EHOSTDOWN)
+        }
+    }
+
+    @Test func locationsParseAndRefuseWhatIsWrong() throws {
+        let aws = try S3Location(url: "s3://my-bucket/ubiquity", endpoint: nil, region: "eu-west-1")
+        #expect(aws.endpoint.absoluteString == "https://s3.eu-west-1.amazonaws.com")
+        #expect(aws.addressing == .virtual)
+        #expect(aws.prefix == "ubiquity/")
+        #expect(aws.description == "s3://my-bucket/ubiquity")
+        let local = try S3Location(url: "s3://b-1/", endpoint: "http://127.0.0.1:8333", region: nil)
+        #expect(local.addressing == .path)
+        #expect(local.prefix == "")
+        for bad in ["s3://", "s3://UPPER/x", "s3://a/x", "s3://bucket/x//y", "http://bucket/x"] {
+            #expect(throws: UbiquityError.self, "\(bad)") { try S3Location(url: bad, endpoint: nil, region: nil) }
+        }
+        #expect(throws: UbiquityError.self) { try S3Location(url: "s3://bucket/x", endpoint: "ftp://host", region: nil) }
+        #expect(throws: UbiquityError.self) { try S3Location(url: "s3://bucket/x", endpoint: "http://host/path", region: nil) }
+    }
+}
