@@ -22,7 +22,7 @@ struct QueryCommand: ParsableCommand {
 
     @Argument(help: "A ubiquityfs mountpoint (default: the mount of --container, or the only mount).") var mountpoint: String?
     @Option(help: "Container ID.") var container: String?
-    @Option(help: "Folder store of --container when no mount runs (default: the default store).") var store: String?
+    @OptionGroup var storeOptions: StoreOptions
     @Option(help: "Scope: documents, data or all (repeatable; default all).") var scope: [QueryService.Scope] = []
     @Option(help: "Predicate (default: every item).") var predicate = "TRUEPREDICATE"
     @Option(parsing: .unconditional, help: "Sort keys, comma-separated; a leading - sorts descending (e.g. name,-size).")
@@ -67,7 +67,7 @@ struct QueryCommand: ParsableCommand {
             try? ControlClient.call(socket: mount.socket, ["command": "describe"]) { status = $0 }
             // A mount that shows this container (of this store, if one was named).
             guard (status?["containers"] as? [String] ?? []).contains(container) else { continue }
-            if let store, status?["store"] as? String != absolutePath(store) { continue }
+            if let address = storeOptions.address, status?["store"] as? String != address.shownLocation { continue }
             return mount.socket
         }
         return nil
@@ -110,11 +110,9 @@ struct QueryCommand: ParsableCommand {
     func local(scopes: [QueryService.Scope]) throws {
         guard let container else { throw UbiquityError(EINVAL, "give a mountpoint or --container") }
         let locations = Locations()
-        let storePath = store.map { URL(fileURLWithPath: absolutePath($0)) } ?? locations.defaultStore
-        let knownFile = locations.dataHome.appendingPathComponent("known-stores")
-            .appendingPathComponent(ContentCopy.hash(of: Data(storePath.standardizedFileURL.path.utf8)))
-        guard let storeID = (try? String(contentsOf: knownFile, encoding: .utf8))?.trimmingCharacters(in: .whitespacesAndNewlines) else {
-            throw UbiquityError(ENOENT, "this device has never mounted a container of \(storePath.path)")
+        let address = storeOptions.address ?? StoreAddress(url: locations.defaultStore.path)
+        guard let storeID = address.knownStoreID(locations) else {
+            throw UbiquityError(ENOENT, "this device has never mounted a container of \(address.description)")
         }
         let ns = try Replica.readNamespace(directory: locations.replica(storeID: storeID, container: container))
         let query = try Query(predicate: predicate, sort: sort)

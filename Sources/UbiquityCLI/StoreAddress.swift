@@ -28,7 +28,10 @@ struct StoreAddress: Codable, Sendable, Equatable {
         return [url, endpoint ?? "aws", region ?? "", addressing ?? ""].joined(separator: " ")
     }
 
-    /// What status and the log show.
+    /// The store as a daemon's status names it (`Store.locationDescription`).
+    var shownLocation: String { isS3 ? ((try? s3Location().description) ?? url) : url }
+
+    /// What messages show.
     var description: String { isS3 ? url + (endpoint.map { " at \($0)" } ?? "") : url }
 
     /// The arguments that give this store to `mount` (the spawned daemon).

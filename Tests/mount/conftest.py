@@ -52,6 +52,65 @@ HANG_TIMEOUT = _env_seconds("UBQ_HANG_TIMEOUT", 1800)
 EXIT_TIMEOUT = 10
 # Extra arguments appended to every `ubiquityfs mount` (e.g. a log level flag).
 EXTRA_MOUNT_ARGS = shlex.split(os.environ.get("UBQ_MOUNT_ARGS", ""))
+# Which store the `store` fixture gives: "folder" (default) or "s3" (a fresh
+# prefix in a bucket of a real S3 server on loopback: the first server of
+# UBIQUITYFS_TEST_S3_SERVERS, or a SeaweedFS this session starts).
+STORE_KIND = os.environ.get("UBQ_TEST_STORE", "folder")
+assert STORE_KIND in ("folder", "s3"), f"UBQ_TEST_STORE must be folder or s3, not {STORE_KIND!r}"
+
+
+class S3StoreRef(str):
+    """An S3 store for the tests: `s3://BUCKET/PREFIX` plus the endpoint to
+    reach it (a device may reach it through its own fault proxy)."""
+
+    def __new__(cls, url: str, endpoint: str, region: str = "us-east-1"):
+        ref = super().__new__(cls, url)
+        ref.endpoint = endpoint
+        ref.region = region
+        return ref
+
+    def via(self, endpoint: str) -> "S3StoreRef":
+        return S3StoreRef(str(self), endpoint, self.region)
+
+    @property
+    def args(self) -> list[str]:
+        return ["--endpoint", self.endpoint, "--region", self.region]
+
+
+def store_args(store) -> list[str]:
+    """`--store …` (and the S3 server options) naming `store` on a command line."""
+    return ["--store", str(store), *(store.args if isinstance(store, S3StoreRef) else [])]
+
+
+_S3_SERVER: dict | None = None
+
+
+def s3_server() -> dict:
+    """The S3 server of this test session (credentials exported to children)."""
+    global _S3_SERVER
+    if _S3_SERVER is None:
+        import json
+        import sys
+        listed = [p for p in os.environ.get("UBIQUITYFS_TEST_S3_SERVERS", "").split(",") if p]
+        if listed:
+            with open(listed[0]) as f:
+                _S3_SERVER = json.load(f)
+        else:
+            sys.path.insert(0, str(REPO / "Tests" / "servers"))
+            import s3servers
+            directory = Path(f"/tmp/ubq-test-s3-{os.getpid()}")
+            _S3_SERVER = s3servers.start("seaweedfs", directory)
+            _S3_SERVER["_started_here"] = str(directory)
+        os.environ["AWS_ACCESS_KEY_ID"] = _S3_SERVER["access_key"]
+        os.environ["AWS_SECRET_ACCESS_KEY"] = _S3_SERVER["secret_key"]
+        os.environ.pop("AWS_SESSION_TOKEN", None)
+        os.environ.pop("AWS_PROFILE", None)
+    return _S3_SERVER
+
+
+def folder_store_only(reason: str):
+    """Mark a test that works on the store's files directly (skipped on S3)."""
+    return pytest.mark.skipif(STORE_KIND == "s3", reason=f"folder store only: {reason}")
 
 
 def pytest_configure(config):
@@ -244,7 +303,7 @@ class Device:
         self.mountpoint.mkdir()
         self.logdir = self.dir / "logs"
         self.logdir.mkdir()
-        self.store = Path(store)
+        self.store = store if isinstance(store, S3StoreRef) else Path(store)
         self.container = container
         self.pid: int | None = None
         self.history: list[CmdResult] = []
@@ -302,7 +361,7 @@ class Device:
         return res
 
     def mount(self, *, check: bool = True) -> CmdResult:
-        args = ["mount", str(self.mountpoint), "--store", str(self.store)]
+        args = ["mount", str(self.mountpoint), *store_args(self.store)]
         if self.container:
             args += ["--container", self.container]
         res = self.cli(*args, *EXTRA_MOUNT_ARGS, *self.mount_args, timeout=MOUNT_TIMEOUT,
@@ -494,6 +553,9 @@ def pytest_sessionfinish(session, exitstatus):
     # Safety net (e.g. after Ctrl-C): never leave a mount or daemon behind.
     for dev in list(_LIVE_DEVICES):
         dev.close()
+    if _S3_SERVER and _S3_SERVER.get("_started_here"):
+        import s3servers
+        s3servers.stop(_S3_SERVER["_started_here"])
 
 
 # --------------------------------------------------------------------------
@@ -502,8 +564,13 @@ def pytest_sessionfinish(session, exitstatus):
 
 
 @pytest.fixture
-def store(tmp_path) -> Path:
-    """An empty directory to use as the folder store."""
+def store(tmp_path):
+    """A new, empty store: a directory (the folder store), or with
+    UBQ_TEST_STORE=s3 a fresh prefix on the session's S3 server."""
+    if STORE_KIND == "s3":
+        server = s3_server()
+        return S3StoreRef(f"s3://{server['bucket']}/t-{tmp_path.name}-{os.urandom(4).hex()}", server["endpoint"],
+                          server.get("region", "us-east-1"))
     path = tmp_path / "store"
     path.mkdir()
     return path

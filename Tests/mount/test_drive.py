@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from conftest import BIN, EXIT_TIMEOUT, MOUNT_TIMEOUT, pid_alive, wait_pid_exit, wait_until
+from conftest import BIN, EXIT_TIMEOUT, S3StoreRef, folder_store_only, store_args, MOUNT_TIMEOUT, pid_alive, wait_pid_exit, wait_until
 
 pytestmark = pytest.mark.daemon
 
@@ -26,7 +26,7 @@ LIVE = 10   # seconds within which the drive must follow a container change (it 
 
 
 def container(store, *args):
-    res = subprocess.run([str(BIN), "container", *args, "--store", str(store)], capture_output=True, text=True)
+    res = subprocess.run([str(BIN), "container", *args, *store_args(store)], capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
     return res
 
@@ -187,9 +187,9 @@ def test_drive_and_data_scope_mounted_together_on_one_device(store, make_device)
     drive.unmount()
 
     # With no mount, the query reads this device's replica (read-only); --watch needs a mount.
-    assert query("--container", NOTES, "--store", str(store), "--scope", "data") == ["/cache", "/cache/state.db"]
-    assert query("--container", NOTES, "--store", str(store), "--scope", "documents") == ["/Documents/todo.md"]
-    watch = drive.cli("query", "--container", NOTES, "--store", str(store), "--watch", timeout=60)
+    assert query("--container", NOTES, *store_args(store), "--scope", "data") == ["/cache", "/cache/state.db"]
+    assert query("--container", NOTES, *store_args(store), "--scope", "documents") == ["/Documents/todo.md"]
+    watch = drive.cli("query", "--container", NOTES, *store_args(store), "--watch", timeout=60)
     assert watch.returncode != 0 and "running mount" in watch.text, watch
 
 
@@ -259,9 +259,9 @@ def test_watch_on_the_drive_follows_another_device(store, make_device):
 def test_drive_offline_keeps_its_folders_and_queues_changes(store, make_device, tmp_path):
     """Started with the store unreachable, the drive shows the folders it knew
     (from the container list last seen) and queues what is written."""
-    from test_sync import StoreLink, status_json
+    from test_sync import S3StoreLink, StoreLink, status_json
     container(store, "create", NOTES, "--name", "Notes", "--public")
-    link = StoreLink(tmp_path / "store-link", store)
+    link = S3StoreLink(store) if isinstance(store, S3StoreRef) else StoreLink(tmp_path / "store-link", store)
     try:
         drive = make_device("drive", store=link.path)
         (drive.mountpoint / "Notes" / "before.txt").write_text("before")
@@ -285,6 +285,7 @@ def test_drive_offline_keeps_its_folders_and_queues_changes(store, make_device, 
         link.restore()
 
 
+@folder_store_only("damages container.json in place (StoreConformanceTests covers S3)")
 def test_a_damaged_container_configuration_loses_nothing(store, make_device):
     """A container.json that no longer parses: `container list` names it and
     still lists the others; the drive keeps that container's folder as last
@@ -297,7 +298,7 @@ def test_a_damaged_container_configuration_loses_nothing(store, make_device):
 
     config = store / "containers" / NOTES / "container.json"
     config.write_text('{"id": "com.example.notes", "displayName": ')   # torn
-    listed = subprocess.run([str(BIN), "container", "list", "--store", str(store)], capture_output=True, text=True)
+    listed = subprocess.run([str(BIN), "container", "list", *store_args(store)], capture_output=True, text=True)
     assert listed.returncode != 0 and NOTES in listed.stderr and "damaged" in listed.stderr, listed
     assert "com.example.other\tOther\tpublic" in listed.stdout, listed
 

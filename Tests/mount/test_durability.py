@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from conftest import (
+    store_args,
     EXIT_TIMEOUT,
     MOUNT_TIMEOUT,
     UNMOUNT_TIMEOUT,
@@ -372,7 +373,7 @@ def test_second_mount_of_same_device_joins_its_daemon(make_device):
     a = make_device("a")
     (a.mountpoint / "hello.txt").write_text("hello\n")
     twin = make_device("a-twin", data_home=a.data_home, mount=False)
-    res = twin.cli("mount", str(twin.mountpoint), "--store", str(twin.store), timeout=MOUNT_TIMEOUT)
+    res = twin.cli("mount", str(twin.mountpoint), *store_args(twin.store), timeout=MOUNT_TIMEOUT)
     assert res.returncode == 0, res
     assert f"pid {a.pid}" in res.text, f"the second mount started another daemon:\n{res}"
     assert (twin.mountpoint / "hello.txt").read_text() == "hello\n"

@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from conftest import BIN
+from conftest import BIN, store_args
 
 pytestmark = pytest.mark.daemon
 
@@ -18,7 +18,7 @@ CONTAINER = "com.example.notes"
 
 
 def container(store, *args):
-    return subprocess.run([str(BIN), "container", *args, "--store", str(store)],
+    return subprocess.run([str(BIN), "container", *args, *store_args(store)],
                           capture_output=True, text=True)
 
 
