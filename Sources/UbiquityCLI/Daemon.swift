@@ -77,6 +77,8 @@ final class Daemon: @unchecked Sendable {
     let opening = Mutex(())
     /// The store's containers as last seen (`containerConfigs`), loaded from disk once.
     let lastSeenConfigs = Mutex<[String: ContainerConfig]?>(nil)
+    /// When the store's container list was last read in full (monotonic ns).
+    let lastFullContainerList = Mutex<UInt64>(0)
     /// Damaged container configurations already logged.
     let reportedDamage = Mutex(Set<String>())
     /// Container → drive slot (see `driveSlot`).
@@ -415,7 +417,19 @@ final class Daemon: @unchecked Sendable {
             }
             return known!
         }
-        guard store.isReachable, let listing = try? store.containers() else { return lastSeen }
+        // The full list costs a LIST and a GET per container on S3: read it
+        // when the store says it may have changed, and every few minutes.
+        let now = DispatchTime.now().uptimeNanoseconds
+        let due = lastFullContainerList.withLock { last in
+            guard store.containersMayHaveChanged() || last == 0 || now - last > 300_000_000_000 else { return false }
+            last = now
+            return true
+        }
+        guard due else { return lastSeen }
+        guard store.isReachable, let listing = try? store.containers() else {
+            lastFullContainerList.withLock { $0 = 0 }   // read again at the next refresh
+            return lastSeen
+        }
         let damaged = Set(listing.damaged.map(\.id))
         var configs = lastSeen.filter { damaged.contains($0.key) }
         for config in listing.configs { configs[config.id] = config }

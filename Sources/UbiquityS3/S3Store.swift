@@ -13,6 +13,7 @@ import UbiquityStore
 /// containers/HEXID/container.json  container configuration (HEXID: the ID's UTF-8 in hex)
 /// containers/HEXID/journal/SEQ     one change set per record (SEQ: 16 digits)
 /// blobs/AB/SHA256                  immutable content
+/// ubiquityfs-containers.json       rewritten when a container is made or changed
 /// ```
 /// No key is the "folder" of another key and journal keys have a fixed
 /// width, so servers that keep keys as a directory tree (SeaweedFS) list
@@ -187,12 +188,37 @@ public final class S3Store: Store, @unchecked Sendable {
         let response = try client.send(.PUT, key: containerKey(config.id), headers: [("if-none-match", "*"), ("content-type", "application/json")],
                                        body: try Self.encode(config), expect: [412], retryStatus: Self.retryConditional)
         if response.status == 412 { throw UbiquityError(EEXIST, "container \(config.id) already exists") }
+        try noteContainersChanged()
     }
 
     public func updateContainer(_ config: ContainerConfig) throws {
         try config.validate()
         guard try containerConfig(config.id) != nil else { throw UbiquityError(ENOENT, "no container \(config.id)") }
         _ = try client.send(.PUT, key: containerKey(config.id), headers: [("content-type", "application/json")], body: try Self.encode(config))
+        try noteContainersChanged()
+    }
+
+    /// `ubiquityfs-containers.json` changes (a new ETag) whenever a container
+    /// is created or changed here: daemons HEAD it each poll and LIST the
+    /// containers only when it changed (or every few minutes, for changes
+    /// made by other tools).
+    static let containersChangedName = "ubiquityfs-containers.json"
+    let containersETag = Mutex<String?>(nil)
+
+    func noteContainersChanged() throws {
+        let body = Data("{\"changed\": \"\(UUID().uuidString.lowercased())\"}".utf8)
+        _ = try client.send(.PUT, key: location.prefix + Self.containersChangedName, headers: [("content-type", "application/json")], body: body)
+    }
+
+    public func containersMayHaveChanged() -> Bool {
+        guard let response = try? client.send(.HEAD, key: location.prefix + Self.containersChangedName, expect: [404], attempts: 1) else {
+            return true
+        }
+        let tag = response.status == 404 ? "absent" : response.headers.first(name: "etag") ?? UUID().uuidString
+        return containersETag.withLock { known in
+            defer { known = tag }
+            return known != tag
+        }
     }
 
     public func containers() throws -> ContainerListing {
@@ -411,21 +437,22 @@ final class S3JournalWatcher: JournalWatcher, @unchecked Sendable {
         self.container = container
     }
 
-    func wait(timeout: Double) {
+    func wait(timeout: Double) -> Bool {
         let deadline = DispatchTime.now().uptimeNanoseconds + UInt64(max(0, timeout) * 1e9)
         while !closed.load(ordering: .relaxed) {
             let now = DispatchTime.now().uptimeNanoseconds
-            guard now < deadline else { return }
-            guard let next = store.nextRecord.withLock({ $0[container] }) else { return }   // nothing read yet: let the puller read
-            if let response = try? store.client.send(.HEAD, key: store.journalKey(container, next), expect: [404], attempts: 1),
-               response.status == 200 {
-                return
+            guard now < deadline else { return false }
+            guard let next = store.nextRecord.withLock({ $0[container] }) else { return true }   // nothing read yet: let the puller read
+            guard let response = try? store.client.send(.HEAD, key: store.journalKey(container, next), expect: [404], attempts: 1),
+                  response.status == 404 else {
+                return true   // there, or the store did not answer: the puller finds out which
             }
             let busy = now - min(now, store.lastActivity.load(ordering: .relaxed)) < Self.busyWindowNanoseconds
             let interval = busy ? Self.busyInterval : Self.idleInterval
             let remaining = Double(deadline - min(deadline, DispatchTime.now().uptimeNanoseconds)) / 1e9
             Thread.sleep(forTimeInterval: min(interval, remaining))
         }
+        return true
     }
 
     func close() { closed.store(true, ordering: .relaxed) }

@@ -21,13 +21,16 @@ final class InotifyWatcher: JournalWatcher {
         self.fd = fd
     }
 
-    func wait(timeout: Double) {
+    /// Always "may have changed": another machine's commit on a network
+    /// filesystem raises no event, so every timeout is a poll.
+    func wait(timeout: Double) -> Bool {
         var pfd = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
         let ready = poll(&pfd, 1, Int32(max(0, timeout * 1000)))
-        guard ready > 0 else { return }
+        guard ready > 0 else { return true }
         // Drain the queue: one pull handles every event seen so far.
         var buffer = [UInt8](repeating: 0, count: 4096)
         while read(fd, &buffer, buffer.count) > 0 {}
+        return true
     }
 
     func close() { Glibc.close(fd) }

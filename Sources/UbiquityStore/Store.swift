@@ -56,12 +56,18 @@ public protocol Store: Sendable {
     /// A way to sleep until the container's journal may have grown, if the
     /// store has one cheaper than polling (nil: poll).
     func watchJournal(container: String) -> (any JournalWatcher)?
+
+    /// Whether the list of containers or a configuration may have changed
+    /// since the last call: a cheap check (an S3 HEAD) before a full
+    /// `containers()` (a LIST and a GET per container). Default: true.
+    func containersMayHaveChanged() -> Bool
 }
 
 extension Store {
     public func watchJournal(container: String) -> (any JournalWatcher)? { nil }
     public var locationDescription: String { storeID }
     public var isReachable: Bool { true }
+    public func containersMayHaveChanged() -> Bool { true }
 
     /// Whether the store holds blob `hash` with exactly `size` bytes.
     public func holdsBlob(_ hash: String, size: Int) throws -> Bool {
@@ -84,6 +90,8 @@ public struct ContainerListing: Sendable {
 /// Wakes the puller when new journal records may exist.
 public protocol JournalWatcher: Sendable {
     /// Return when the journal may have changed, or after `timeout` seconds.
-    func wait(timeout: Double)
+    /// Returns false only when the watcher looked and saw nothing new (the
+    /// puller may then skip a round); true when it may have changed.
+    func wait(timeout: Double) -> Bool
     func close()
 }

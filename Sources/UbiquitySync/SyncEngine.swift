@@ -78,6 +78,8 @@ public final class SyncEngine: Sendable {
     /// watcher when it has one, and every `pollInterval` seconds regardless.
     /// Longest a push waits for a busy mount to become quiet.
     static let maxBatchDelay = 2.0
+    /// Longest the journal goes unread when a watcher keeps saying "nothing new".
+    static let maxQuietPoll = 30.0
     /// Most nodes in one change set: bounds the memory and size of a commit
     /// (a burst of 100,000 new files becomes a series of commits).
     static let maxBatchNodes = 4000
@@ -116,7 +118,18 @@ public final class SyncEngine: Sendable {
         defer { watcher?.close(); pullThreadDone.signal() }
         // The last error logged: the same error every poll is logged once.
         var lastError: String?
+        var mayHaveChanged = true
+        var lastPull = DispatchTime.now().uptimeNanoseconds
         while !stopped.withLock({ $0 }) {
+            // A watcher that looked and saw nothing new saves a round, but
+            // never for long: the journal is read at least every `maxQuietPoll`.
+            let quiet = Double(DispatchTime.now().uptimeNanoseconds - lastPull) / 1e9
+            if !mayHaveChanged && quiet < Self.maxQuietPoll {
+                enforceCacheLimit()
+                mayHaveChanged = watcher?.wait(timeout: pollInterval) ?? true
+                continue
+            }
+            lastPull = DispatchTime.now().uptimeNanoseconds
             do {
                 let wasReachable = status.withLock { $0.storeReachable }
                 try pull()
@@ -139,9 +152,10 @@ public final class SyncEngine: Sendable {
             }
             enforceCacheLimit()
             if let watcher {
-                watcher.wait(timeout: pollInterval)
+                mayHaveChanged = watcher.wait(timeout: pollInterval)
             } else {
                 Thread.sleep(forTimeInterval: pollInterval)
+                mayHaveChanged = true
             }
         }
     }
