@@ -284,9 +284,11 @@ public final class S3Store: Store, @unchecked Sendable {
                 numbers.append(number)
                 expected += 1
             }
-            let fetched = try fetchInParallel(numbers) { try self.readRecord(container: container, seq: $0) }
-            for record in fetched {
-                guard let record else { break }   // deleted meanwhile: stop at the gap
+            let fetched = Parallel.map(numbers, width: Self.parallelFetches) { number in
+                Result { try self.readRecord(container: container, seq: number) }
+            }
+            for result in fetched {
+                guard let record = try result.get() else { break }   // deleted meanwhile: stop at the gap
                 records.append(record)
             }
         }
@@ -313,21 +315,6 @@ public final class S3Store: Store, @unchecked Sendable {
         if activity { lastActivity.store(DispatchTime.now().uptimeNanoseconds, ordering: .relaxed) }
     }
 
-    func fetchInParallel<T: Sendable>(_ numbers: [UInt64], _ fetch: @escaping @Sendable (UInt64) throws -> T) throws -> [T] {
-        guard !numbers.isEmpty else { return [] }
-        let results = Mutex<[Int: Result<T, any Error>]>([:])
-        let next = Atomic<Int>(0)
-        DispatchQueue.concurrentPerform(iterations: min(Self.parallelFetches, numbers.count)) { _ in
-            while true {
-                let index = next.add(1, ordering: .relaxed).oldValue
-                guard index < numbers.count else { return }
-                let result = Result { try fetch(numbers[index]) }
-                results.withLock { $0[index] = result }
-            }
-        }
-        return try results.withLock { all in try (0..<numbers.count).map { try all[$0]!.get() } }
-    }
-
     // MARK: Blobs
 
     public func blobSize(_ hash: String) throws -> UInt64? {
@@ -346,6 +333,16 @@ public final class S3Store: Store, @unchecked Sendable {
         // Content-addressed: writing the same bytes again is harmless, and
         // replaces a copy that was cut short or damaged.
         _ = try client.send(.PUT, key: blobKey(hash), headers: [("content-type", "application/octet-stream")], body: data)
+    }
+
+    /// Requests in flight when pushing: loopback and LAN servers, and AWS,
+    /// all keep up with this many from one client.
+    public var uploadConcurrency: Int { 16 }
+
+    /// A blob under 1 MiB is put without asking first: a HEAD costs a round
+    /// trip too, and putting the same bytes again is harmless.
+    public func needsUpload(_ hash: String, size: Int) throws -> Bool {
+        size < 1 << 20 ? true : try !holdsBlob(hash, size: size)
     }
 
     /// An S3 PUT is durable when it is answered: nothing to flush.

@@ -57,6 +57,14 @@ public protocol Store: Sendable {
     /// store has one cheaper than polling (nil: poll).
     func watchJournal(container: String) -> (any JournalWatcher)?
 
+    /// How many blobs the sync engine uploads at once (1: one after the
+    /// other). A store across a network wants many requests in flight.
+    var uploadConcurrency: Int { get }
+    /// Whether blob `hash` of `size` bytes must be uploaded: false when the
+    /// store certainly holds it. A store may answer true without asking when
+    /// asking costs about as much as uploading (a small blob over a network).
+    func needsUpload(_ hash: String, size: Int) throws -> Bool
+
     /// Whether the list of containers or a configuration may have changed
     /// since the last call: a cheap check (an S3 HEAD) before a full
     /// `containers()` (a LIST and a GET per container). Default: true.
@@ -68,6 +76,8 @@ extension Store {
     public var locationDescription: String { storeID }
     public var isReachable: Bool { true }
     public func containersMayHaveChanged() -> Bool { true }
+    public var uploadConcurrency: Int { 1 }
+    public func needsUpload(_ hash: String, size: Int) throws -> Bool { try !holdsBlob(hash, size: size) }
 
     /// Whether the store holds blob `hash` with exactly `size` bytes.
     public func holdsBlob(_ hash: String, size: Int) throws -> Bool {

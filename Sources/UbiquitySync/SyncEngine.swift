@@ -314,19 +314,24 @@ public final class SyncEngine: Sendable {
             }.map { ($0.ino, $0.contentGeneration) }
         }
         var snapshots: [UInt64: ContentSnapshot] = [:]
-        for (ino, generation) in contentCandidates {
+        let uploads = Parallel.map(contentCandidates, width: store.uploadConcurrency) { [self] candidate in
+            Result { try uploadContent(ino: candidate.0, generation: candidate.1) }
+        }
+        var unreachable: (any Error)?
+        for ((ino, generation), result) in zip(contentCandidates, uploads) {
             do {
-                if let snapshot = try uploadContent(ino: ino, generation: generation) {
+                if let snapshot = try result.get() {
                     snapshots[ino] = snapshot
                 }
                 uploadFailures.withLock { _ = $0.removeValue(forKey: ino) }
             } catch let error as UbiquityError where error.errno == EHOSTDOWN {
-                throw error   // the store is gone: nothing can be pushed
+                unreachable = error   // the store is gone: nothing can be pushed
             } catch {
                 // This file waits (with back-off); the others still go.
                 uploadFailed(ino, generation: generation, error)
             }
         }
+        if let unreachable { throw unreachable }
         forgetSettledUploadFailures()
         if snapshots.values.contains(where: \.uploaded) { try store.flushBlobs() }
 
@@ -387,7 +392,7 @@ public final class SyncEngine: Sendable {
         if size <= chunkSize {
             guard let data = try source.read(at: 0, count: size), stillUnchanged() else { return nil }
             let hash = ContentCopy.hash(of: data)
-            let upload = try !store.holdsBlob(hash, size: data.count)
+            let upload = try store.needsUpload(hash, size: data.count)
             if upload { try store.putBlob(hash, data: data) }
             return ContentSnapshot(ino: ino, generation: generation, hash: hash, size: UInt64(data.count),
                                    chunked: false, uploaded: upload)
@@ -399,7 +404,7 @@ public final class SyncEngine: Sendable {
             let count = min(chunkSize, size - offset)
             guard let data = try source.read(at: offset, count: count) else { return nil }
             let hash = ContentCopy.hash(of: data)
-            if try !store.holdsBlob(hash, size: count) {
+            if try store.needsUpload(hash, size: count) {
                 try store.putBlob(hash, data: data)
                 uploaded = true
             }
@@ -409,7 +414,7 @@ public final class SyncEngine: Sendable {
         guard stillUnchanged() else { return nil }
         let manifest = try ChunkManifest(chunkSize: UInt64(chunkSize), size: UInt64(size), chunks: chunks).encoded()
         let hash = ContentCopy.hash(of: manifest)
-        if try !store.holdsBlob(hash, size: manifest.count) {
+        if try store.needsUpload(hash, size: manifest.count) {
             try store.putBlob(hash, data: manifest)
             uploaded = true
         }
