@@ -418,15 +418,16 @@ public final class S3Store: Store, @unchecked Sendable {
 
 /// Polls for the next journal record with HEAD requests, S3 having no
 /// notifications: every 100 ms for 30 s after this device committed or read
-/// a record (a conversation is going on), then every 500 ms — about 5.2
-/// million HEADs a month per idle device. `wait` returns as soon as the
-/// record exists, or at its timeout (the puller then reads anyway).
+/// a record (a conversation is going on), then twice per poll interval
+/// (`mount --poll-interval`, 1 s by default: about 5.2 million HEADs a month
+/// per idle container; see docs/DESIGN.md for what that costs). `wait`
+/// returns true as soon as the record exists (or the store fails to
+/// answer), false at its timeout when every HEAD said "not there".
 final class S3JournalWatcher: JournalWatcher, @unchecked Sendable {
     let store: S3Store
     let container: String
     let closed = Atomic<Bool>(false)
     static let busyInterval = 0.1
-    static let idleInterval = 0.5
     static let busyWindowNanoseconds: UInt64 = 30_000_000_000
 
     init(store: S3Store, container: String) {
@@ -445,7 +446,7 @@ final class S3JournalWatcher: JournalWatcher, @unchecked Sendable {
                 return true   // there, or the store did not answer: the puller finds out which
             }
             let busy = now - min(now, store.lastActivity.load(ordering: .relaxed)) < Self.busyWindowNanoseconds
-            let interval = busy ? Self.busyInterval : Self.idleInterval
+            let interval = busy ? Self.busyInterval : max(Self.busyInterval, timeout / 2)
             let remaining = Double(deadline - min(deadline, DispatchTime.now().uptimeNanoseconds)) / 1e9
             Thread.sleep(forTimeInterval: min(interval, remaining))
         }
