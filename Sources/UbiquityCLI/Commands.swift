@@ -124,8 +124,10 @@ struct Mount: ParsableCommand {
             while flock(lock, LOCK_EX) != 0 && errno == EINTR {}
             let socket = locations.daemonSocket(store: storeKey).path
             let from = address.map { " from \($0.description)" } ?? ""
-            if let pid = try join(request, settings: settings, socket: socket, probeOnly: false) {
+            var created: [String] = []
+            if let pid = try join(request, settings: settings, socket: socket, probeOnly: false, created: &created) {
                 if explicitStore != nil { RememberedStores.remember(explicitStore, for: request.mountpoint) }
+                reportCreated(created)
                 print("Mounted \(what)\(from) at \(request.mountpoint) (daemon pid \(pid))")
                 return
             }
@@ -133,6 +135,10 @@ struct Mount: ParsableCommand {
             if message.hasPrefix("ready") {
                 if explicitStore != nil { RememberedStores.remember(explicitStore, for: request.mountpoint) }
                 let log = message.components(separatedBy: " log ").last ?? ""
+                let words = message.components(separatedBy: " log ").first?.split(separator: " ") ?? []
+                if let index = words.firstIndex(of: "created"), index + 1 < words.count {
+                    reportCreated(words[index + 1].split(separator: ",").map(String.init))
+                }
                 print("Mounted \(what)\(from) at \(request.mountpoint) (daemon pid \(pid); log: \(log))")
             } else {
                 fail(UbiquityError(EIO, message.hasPrefix("error ") ? String(message.dropFirst(6)) : message))
@@ -142,10 +148,23 @@ struct Mount: ParsableCommand {
         }
     }
 
+    /// Say so when the mount made a container the store did not have (a
+    /// mistyped ID would otherwise go unnoticed).
+    func reportCreated(_ created: [String]) {
+        for id in created {
+            print("Created container \(id) in the store: it did not exist (if you meant another, unmount and run `ubiquityfs container list`)")
+        }
+    }
+
     /// Ask the store's running daemon to add this mount. Returns its pid, or
     /// nil if no daemon runs (or it is stopping: then wait for it to go).
     /// `probeOnly`: only find out whether one runs.
     func join(_ request: MountRequest, settings: DaemonSettings, socket: String, probeOnly: Bool) throws -> Int? {
+        var ignored: [String] = []
+        return try join(request, settings: settings, socket: socket, probeOnly: probeOnly, created: &ignored)
+    }
+
+    func join(_ request: MountRequest, settings: DaemonSettings, socket: String, probeOnly: Bool, created: inout [String]) throws -> Int? {
         var message: [String: Any] = ["command": probeOnly ? "ping" : "mount", "mountpoint": request.mountpoint,
                                       "scope": request.scope.rawValue, "fuseOptions": request.fuseOptions]
         if let container = request.container { message["container"] = container }
@@ -160,7 +179,10 @@ struct Mount: ParsableCommand {
             }
             if answer.isEmpty { usleep(100_000); continue }   // it is exiting
             if probeOnly { return answer["pid"] as? Int ?? 0 }
-            if let pid = answer["pid"] as? Int, answer["ready"] != nil { return pid }
+            if let pid = answer["pid"] as? Int, answer["ready"] != nil {
+                created = answer["created"] as? [String] ?? []
+                return pid
+            }
             let error = answer["error"] as? String ?? "no answer"
             if error.contains("stopping") { usleep(100_000); continue }
             throw UbiquityError(EIO, error)

@@ -77,6 +77,8 @@ final class Daemon: @unchecked Sendable {
     let opening = Mutex(())
     /// The store's containers as last seen (`containerConfigs`), loaded from disk once.
     let lastSeenConfigs = Mutex<[String: ContainerConfig]?>(nil)
+    /// Containers this daemon created because a mount named them (reported to that `mount`).
+    let createdContainers = Mutex<[String]>([])
     /// When the store's container list was last read in full (monotonic ns).
     let lastFullContainerList = Mutex<UInt64>(0)
     /// Damaged container configurations already logged.
@@ -142,6 +144,13 @@ final class Daemon: @unchecked Sendable {
         return store
     }
 
+    /// Mount `request`; returns the containers created in the store for it.
+    func mountReportingCreated(_ request: MountRequest) throws -> [String] {
+        let before = createdContainers.withLock { $0.count }
+        try mount(request)
+        return createdContainers.withLock { Array($0.dropFirst(before)) }
+    }
+
     /// Serve `first`, then every mount that joins, until the last one ends.
     func run(first: MountRequest) throws {
         // Few malloc arenas: 16 FUSE threads per mount must not each keep their own heap.
@@ -171,8 +180,9 @@ final class Daemon: @unchecked Sendable {
         let server = try ControlServer(path: socketPath, logger: logger) { [self] req, connection in
             handleDaemonRequest(req, connection)
         }
+        let created: [String]
         do {
-            try mount(first)
+            created = try mountReportingCreated(first)
         } catch {
             server.stop()
             throw error
@@ -180,7 +190,7 @@ final class Daemon: @unchecked Sendable {
         server.start()
         startDriveRefresher()
         if let fd = settings.notifyFD {
-            Self.notify(fd, "ready pid \(getpid()) log \(logPath)")
+            Self.notify(fd, "ready pid \(getpid())\(created.isEmpty ? "" : " created " + created.joined(separator: ",")) log \(logPath)")
             let devNull = open("/dev/null", O_RDWR)
             dup2(devNull, STDIN_FILENO)
             dup2(devNull, STDOUT_FILENO)
@@ -218,8 +228,8 @@ final class Daemon: @unchecked Sendable {
                                    scope: (req["scope"] as? String).flatMap(QueryService.Scope.init(rawValue:)) ?? .all,
                                    fuseOptions: req["fuseOptions"] as? [String] ?? [])
         do {
-            try mount(request)
-            connection.send(["ready": true, "pid": Int(getpid()), "log": logPath])
+            let created = try mountReportingCreated(request)
+            connection.send(["ready": true, "pid": Int(getpid()), "log": logPath, "created": created])
         } catch {
             connection.send(["error": "\(UbiquityError.wrap(error))"])
         }
@@ -347,6 +357,10 @@ final class Daemon: @unchecked Sendable {
                 guard create else { throw UbiquityError(ENOENT, "the store has no container \(id)") }
                 do {
                     try store.createContainer(ContainerConfig(id: id, displayName: id == Self.defaultContainer ? "Documents" : id))
+                    if id != Self.defaultContainer {
+                        createdContainers.withLock { $0.append(id) }
+                        logger.info("created container \(id) in the store (a mount named it and the store did not have it)")
+                    }
                 } catch let error as UbiquityError where error.errno == EEXIST {}   // another device created it just now
             } else if let offlineReason, !FileManager.default.fileExists(atPath: replicaDir.appendingPathComponent("index.sqlite").path) {
                 throw UbiquityError(EHOSTDOWN, "\(offlineReason); this device has no replica of \(id) to work offline with")

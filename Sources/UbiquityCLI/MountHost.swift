@@ -170,6 +170,31 @@ final class MountHost: @unchecked Sendable {
         }
     }
 
+    /// An item's path as the user sees it on this machine (the mountpoint
+    /// and the path below it), for messages: never the container-internal
+    /// path (`/Documents/…` of a drive folder or a Documents mount).
+    func shownPath(_ host: ContainerHost, _ ino: UInt64) -> String {
+        guard let inner = host.replica.withNamespace({ ns in ns.path(of: ino) }) else { return "inode \(ino)" }
+        let root = mountpoint == "/" ? "" : mountpoint
+        func belowDocuments(_ prefix: String) -> String? {
+            guard inner == "/Documents" || inner.hasPrefix("/Documents/") else { return nil }
+            let rest = inner.dropFirst("/Documents".count)
+            return rest.isEmpty ? (prefix.isEmpty ? "/" : prefix) : prefix + rest
+        }
+        switch kind {
+        case .container(_, .documents):
+            return belowDocuments(root) ?? root + inner
+        case .container:
+            return root + inner
+        case .drive(let drive):
+            if let folder = drive.currentFolders().first(where: { $0.containerID == host.id }),
+               let shown = belowDocuments(root + "/" + folder.name.description) {
+                return shown
+            }
+            return root + inner
+        }
+    }
+
     // MARK: - Control requests
 
     func handleControl(_ req: [String: Any], _ connection: ControlConnection) {
@@ -195,8 +220,7 @@ final class MountHost: @unchecked Sendable {
                         do {
                             if try host.engine.evict(ino: file) { evicted += 1 }
                         } catch {
-                            let path = host.replica.withNamespace { ns in ns.path(of: file) } ?? "inode \(file)"
-                            refused.append((path, UbiquityError.wrap(error)))
+                            refused.append((shownPath(host, file), UbiquityError.wrap(error)))
                         }
                     }
                 }
@@ -295,7 +319,7 @@ final class MountHost: @unchecked Sendable {
         for (host, ino) in items {
             let isDirectory = host.replica.withNamespace { ns in ns.node(ino)?.kind == .directory }
             if isDirectory && !recursive {
-                throw UbiquityError(EISDIR, "\(host.replica.withNamespace { ns in ns.path(of: ino) } ?? "item") is a folder: use --recursive")
+                throw UbiquityError(EISDIR, "\(shownPath(host, ino)) is a folder: use --recursive")
             }
             files += host.replica.withNamespace { ns in
                 ns.files(under: ino).compactMap { file in
@@ -316,7 +340,7 @@ final class MountHost: @unchecked Sendable {
                 do {
                     try file.host.engine.waitForContent(ino: file.ino, version: file.version, upTo: file.size)
                 } catch {
-                    let path = file.host.replica.withNamespace { ns in ns.path(of: file.ino) } ?? "inode \(file.ino)"
+                    let path = shownPath(file.host, file.ino)
                     failures.append("\(path): \(UbiquityError.wrap(error))")
                 }
                 doneBytes += file.size

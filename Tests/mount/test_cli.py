@@ -37,7 +37,12 @@ def test_help_lists_every_command():
     (["mount", "{tmp}", "--cache-size", "-5"], "--cache-size: '-5' is not a size"),
     (["mount", "{tmp}", "--cache-size", "lots"], "--cache-size: 'lots' is not a size"),
     (["mount", "{tmp}", "--scope", "documents"], "--scope needs --container"),
-], ids=["empty-mountpoint", "poll-0", "poll-4000", "cache-negative", "cache-word", "scope-without-container"])
+    (["mount", "{tmp}", "--endpoint", "http://127.0.0.1:1"], "--endpoint is for s3:// stores"),
+    (["mount", "{tmp}", "--store", "s3://Bad_Bucket/x"], "is not a bucket name"),
+    (["mount", "{tmp}", "--store", "s3://bucket/x", "--endpoint", "ftp://host"], "must be http(s)://HOST[:PORT]"),
+    (["mount", "{tmp}", "--store", "s3://bucket/x", "--addressing", "sideways"], "--addressing must be path or virtual"),
+], ids=["empty-mountpoint", "poll-0", "poll-4000", "cache-negative", "cache-word", "scope-without-container",
+        "endpoint-without-s3", "bad-bucket", "bad-endpoint", "bad-addressing"])
 def test_bad_arguments_are_named(tmp_path, args, message):
     mountpoint = tmp_path / "mnt"
     mountpoint.mkdir()
@@ -48,3 +53,24 @@ def test_bad_arguments_are_named(tmp_path, args, message):
     assert not (tmp_path / "data" / "ubiquityfs").exists(), f"{args} created a data home"
     with open("/proc/self/mountinfo") as f:
         assert str(mountpoint) not in f.read(), f"{args} mounted something"
+
+
+def test_messages_name_paths_as_the_user_sees_them(make_device, store):
+    """`download` of a drive folder and `evict` name the path on this machine,
+    never the container's internal /Documents path; a mount that creates a
+    container says so (a mistyped ID would otherwise go unnoticed)."""
+    from conftest import store_args
+    made = run("container", "create", "com.example.notes", "--name", "Notes", "--public", *store_args(store))
+    assert made.returncode == 0, made.stderr
+    drive = make_device("drive")
+    (drive.mountpoint / "Notes" / "a.txt").write_text("a")
+    res = drive.cli("download", str(drive.mountpoint / "Notes"), timeout=30)
+    assert res.returncode != 0 and f"{drive.mountpoint}/Notes is a folder: use --recursive" in res.stderr, res
+    assert "/Documents" not in res.stderr, res
+
+    typo = make_device("typo", mount=False, data_home=drive.data_home, container="com.exmaple.notes")
+    res = typo.mount()
+    assert "Created container com.exmaple.notes in the store" in res.stdout, res
+    again = make_device("again", mount=False, data_home=drive.data_home, container="com.exmaple.notes")
+    res = again.mount()
+    assert "Created container" not in res.stdout, res
