@@ -338,6 +338,8 @@ public final class S3Store: Store, @unchecked Sendable {
     /// Requests in flight when pushing: loopback and LAN servers, and AWS,
     /// all keep up with this many from one client.
     public var uploadConcurrency: Int { 16 }
+    /// Chunks of one download in flight (8 × 4 MiB ahead of the reader).
+    public var downloadConcurrency: Int { 8 }
 
     /// A blob under 1 MiB is put without asking first: a HEAD costs a round
     /// trip too, and putting the same bytes again is harmless.

@@ -60,6 +60,10 @@ public protocol Store: Sendable {
     /// How many blobs the sync engine uploads at once (1: one after the
     /// other). A store across a network wants many requests in flight.
     var uploadConcurrency: Int { get }
+    /// How many chunks of one download are fetched at once (and ahead of
+    /// the reader): 2 for a local folder (a read and a hash each), more
+    /// across a network, where each waits on a round trip.
+    var downloadConcurrency: Int { get }
     /// Whether blob `hash` of `size` bytes must be uploaded: false when the
     /// store certainly holds it. A store may answer true without asking when
     /// asking costs about as much as uploading (a small blob over a network).
@@ -77,6 +81,7 @@ extension Store {
     public var isReachable: Bool { true }
     public func containersMayHaveChanged() -> Bool { true }
     public var uploadConcurrency: Int { 1 }
+    public var downloadConcurrency: Int { 2 }
     public func needsUpload(_ hash: String, size: Int) throws -> Bool { try !holdsBlob(hash, size: size) }
 
     /// Whether the store holds blob `hash` with exactly `size` bytes.

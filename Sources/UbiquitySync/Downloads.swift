@@ -190,7 +190,7 @@ extension SyncEngine {
                     var st = stat()
                     fstat(fd, &st)
                     let present = UInt64(max(0, st.st_size))
-                    // Chunks are fetched (and verified) up to `ChunkFetcher.depth` ahead on
+                    // Chunks are fetched (and verified) up to `ChunkFetcher.depth` (the store's download concurrency) ahead on
                     // their own threads, and written here in order, so `verified` only grows.
                     let fetcher = ChunkFetcher(store: store, hashes: manifest.chunks)
                     defer { fetcher.cancel() }
@@ -252,12 +252,12 @@ extension SyncEngine {
     }
 }
 
-/// Fetches the chunks of one download a few ahead of the writer, on two
-/// threads (fetching a chunk is a read plus a SHA-256 check: CPU the writer
-/// does not wait for). Chunks the writer found already downloaded are skipped.
+/// Fetches the chunks of one download a few ahead of the writer, on
+/// `Store.downloadConcurrency` threads, as many chunks ahead (fetching a
+/// chunk is a read or a request plus a SHA-256 check: work the writer does
+/// not wait for). Chunks the writer found already downloaded are skipped.
 final class ChunkFetcher: @unchecked Sendable {
-    static let depth = 2
-    static let threads = 2
+    let depth: Int
 
     let store: any Store
     let hashes: [String]
@@ -272,7 +272,8 @@ final class ChunkFetcher: @unchecked Sendable {
     init(store: any Store, hashes: [String]) {
         self.store = store
         self.hashes = hashes
-        for _ in 0..<min(Self.threads, hashes.count) {
+        depth = max(1, store.downloadConcurrency)
+        for _ in 0..<min(depth, hashes.count) {
             let thread = Thread { [self] in work() }
             thread.name = "ubiquityfs-fetch"
             thread.start()
@@ -282,7 +283,7 @@ final class ChunkFetcher: @unchecked Sendable {
     func work() {
         while true {
             condition.lock()
-            while !cancelled && next < hashes.count && (next >= taken + Self.depth || skipped.contains(next)) {
+            while !cancelled && next < hashes.count && (next >= taken + depth || skipped.contains(next)) {
                 if skipped.contains(next) { next += 1; continue }
                 condition.wait()
             }
