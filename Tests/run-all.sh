@@ -11,7 +11,7 @@ cd "$(dirname "$0")/.."
 bash Packaging/install-deps.sh
 export PATH="/opt/swift/usr/bin:$PATH"
 python3 -c 'import pytest' 2>/dev/null || python3 -m pip install -q pytest
-[ -f Tests/requirements.txt ] && python3 -m pip install -q -r Tests/requirements.txt
+python3 -m pip install -q -r Tests/requirements.txt
 
 servers_dir="$(mktemp -d /tmp/ubq-s3-servers.XXXXXX)"
 started=()
