@@ -42,3 +42,8 @@ python3 -m pytest -q -p no:cacheprovider Tests/servers Tests/posix Tests/mount "
 UBQ_TEST_STORE=s3 python3 -m pytest -q -p no:cacheprovider \
   Tests/mount/test_sync.py Tests/mount/test_drive.py Tests/mount/test_durability.py \
   Tests/mount/test_views.py Tests/mount/test_query.py Tests/mount/test_tools.py "$@"
+# Two devices, conflicts, offline and the S3-only cases on every other server (Ceph RGW).
+for server in "${servers[@]:1}"; do
+  UBIQUITYFS_TEST_S3_SERVERS="$server" UBQ_TEST_STORE=s3 python3 -m pytest -q -p no:cacheprovider \
+    Tests/mount/test_s3.py Tests/mount/test_sync.py "$@"
+done
