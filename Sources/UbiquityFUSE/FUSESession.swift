@@ -19,19 +19,48 @@ public final class FUSESession: @unchecked Sendable {
     /// The libfuse session (nil before `mount` and after `close`). Guarded:
     /// threads other than the loop's (pull, downloads, the drive's refresh)
     /// notify the kernel through it, and `close` must not destroy it under
-    /// them. Lock order: `state` is a leaf (nothing else is taken under it).
+    /// them. The guard is a reader-writer lock, not a mutex: notifiers hold
+    /// it *shared*. A notification can block in the kernel on a page lock held
+    /// by a READ that waits for a download, and that download's own
+    /// notification must still get through, or the three wait for each other
+    /// for good. `mount` and `close` hold it exclusively (glibc's default
+    /// rwlock prefers readers, so a waiting `close` never stalls notifiers).
+    /// Lock order: it is a leaf (nothing else is taken under it).
     struct State: @unchecked Sendable {   // the pointer is only used under the lock
         var session: OpaquePointer?
         var mounted = false
     }
-    let state = Mutex(State())
+    private var stateValue = State()
+    private let stateLock: UnsafeMutablePointer<pthread_rwlock_t> = {
+        let lock = UnsafeMutablePointer<pthread_rwlock_t>.allocate(capacity: 1)
+        pthread_rwlock_init(lock, nil)
+        return lock
+    }()
 
-    /// Run `body` with the live session, under the lock; nothing if there is none.
+    func readState<R>(_ body: (State) -> R) -> R {
+        pthread_rwlock_rdlock(stateLock)
+        defer { pthread_rwlock_unlock(stateLock) }
+        return body(stateValue)
+    }
+
+    func writeState<R>(_ body: (inout State) -> R) -> R {
+        pthread_rwlock_wrlock(stateLock)
+        defer { pthread_rwlock_unlock(stateLock) }
+        return body(&stateValue)
+    }
+
+    /// Run `body` with the live session, the lock held shared; nothing if there is none.
     func withSession(_ body: (OpaquePointer) -> Void) {
-        state.withLock { s in
+        readState { s in
             if let se = s.session { body(se) }
         }
     }
+
+    deinit {
+        pthread_rwlock_destroy(stateLock)
+        stateLock.deallocate()
+    }
+
     /// The thread running `run`, and whether the loop has returned.
     let loop = Mutex<(thread: pthread_t?, ended: Bool)>((nil, false))
 
@@ -69,7 +98,7 @@ public final class FUSESession: @unchecked Sendable {
             fuse_session_destroy(se)
             throw Self.mountError(mountpoint, reason: reason)
         }
-        state.withLock { $0 = State(session: se, mounted: true) }
+        writeState { $0 = State(session: se, mounted: true) }
     }
 
     /// Why a mount failed, from what libfuse or fusermount3 said, with what
@@ -128,7 +157,7 @@ public final class FUSESession: @unchecked Sendable {
     public func run(threads: Int = 16, idleThreads: Int = Int(ProcessInfo.processInfo.environment["UBQ_IDLE_THREADS"] ?? "") ?? 2) -> Int32 {
         // The loop runs outside the lock; `close` (which destroys the session)
         // is only called after `run` returned.
-        guard let se = state.withLock({ $0.session }) else { return -1 }
+        guard let se = readState({ $0.session }) else { return -1 }
         _ = ubq_install_wake_signal(Self.wakeSignal)
         loop.withLock { $0.thread = pthread_self() }
         let status = ubq_session_loop_mt(se, UInt32(threads), UInt32(idleThreads))
@@ -184,7 +213,7 @@ public final class FUSESession: @unchecked Sendable {
     /// Unmount (if still mounted) and free the session (waits for
     /// notifications under way).
     public func close() {
-        state.withLock { s in
+        writeState { s in
             guard let se = s.session else { return }
             if s.mounted { fuse_session_unmount(se) }
             fuse_session_destroy(se)

@@ -231,6 +231,10 @@ extension SyncEngine {
             // The content is in place either way; if the index has no room to
             // record it, that stays queued (a restart downloads it again).
             do { try replica.persist(.grows) } catch { record(error: error) }
+            // Readers waiting for this content go first: the kernel may hold a
+            // page lock for one of them, and the notification below can wait
+            // on that lock.
+            finish(ino, hash: hash, error: nil)
             if installed {
                 // st_blocks changed: the kernel must not keep the placeholder's attributes.
                 var changes = ReplicaChanges()
@@ -238,7 +242,6 @@ extension SyncEngine {
                 changes.count = 1
                 observer.withLock { $0 }?.replicaChanged(changes)
             }
-            finish(ino, hash: hash, error: nil)
         } catch {
             let failure = UbiquityError(EIO, "download of inode \(ino) failed: \(UbiquityError.wrap(error))")
             finish(ino, hash: hash, error: failure, cause: failure.withErrno(UbiquityError.wrap(error).errno))

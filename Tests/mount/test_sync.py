@@ -1096,3 +1096,27 @@ def test_unmount_while_changes_arrive_ends_cleanly(make_device, how):
         thread.join()
     wait_quiet(a, b)
     digests_equal(a, b)()
+
+
+def test_edits_read_on_the_other_device_while_they_arrive_never_stall(make_device):
+    """Device B reads files in a tight loop while A rewrites them, as an editor
+    watching a file does. Each new version must become readable on B, never
+    an EIO after a 30 s stall. (A pull's page invalidation waited on a page
+    lock held by B's READ, which waited on a download whose own
+    notification waited on the pull's lock: all three stuck.)"""
+    a = new_device(make_device, "a")
+    b = new_device(make_device, "b")
+    for i in range(40):
+        data = f"version {i} {os.urandom(8).hex()}\n".encode()
+        name = f"prop{i % 10}.txt"
+        write(a.mountpoint / name, data)
+        t0 = time.monotonic()
+        while True:
+            try:
+                if read(b.mountpoint / name) == data:
+                    break
+            except FileNotFoundError:
+                pass
+            elapsed = time.monotonic() - t0
+            assert elapsed < SYNC_TIMEOUT, f"edit {i} of {name} not readable on b after {elapsed:.1f} s"
+            time.sleep(0.002)
