@@ -1,18 +1,27 @@
 """Partitions on real mounts: the shared logic of `test_partition.py` (CI) and
 `bench/partition_campaign.py` (long campaigns).
 
-N devices (2 or 3) mount one folder store, each with `--store` = its own
-symlink to the store.  Each round:
+N devices (2 or 3) mount one store.  On a folder store each has `--store` =
+its own symlink to the store; on an S3 store (`conftest.S3StoreRef`) each
+reaches the server through its own fault proxy (Tests/servers/faultproxy.py).
+Each round:
 
 1. every device is cut off: its symlink is re-pointed to an empty folder (what
-   a dropped network share looks like); we wait until `status --json` says
-   `storeReachable: false` on every device;
+   a dropped network share looks like), or its proxy answers every request
+   with a 5xx (error_rate 1.0); we wait until `status --json` says
+   `storeReachable: false` on every device cut off.  With `online_faults`
+   (S3 only: a dict of FaultProxy rates), some devices (chosen at random, at
+   least one device is always cut off) stay online instead, through a proxy
+   that fails, throttles, resets, truncates and stalls that share of requests;
 2. each device does a dozen random operations on a small shared namespace
    (folders d0..d4, files f0..f4 in each): write new content, append, rename a
    file (across folders, over an existing name), unlink, mkdir, rmdir, rename
    a folder, and (on even seeds) move a folder into another one.  The ops
    mirror `Tests/UbiquityCoreTests/PartitionModelTests.swift`;
 3. every symlink is restored (in a random order, with small random delays);
+   an S3 proxy goes back to no faults, or with `online_faults` to those
+   faults: then we wait (at most FAULT_PHASE_TIMEOUT) until every device is
+   quiet under them, and turn the faults off;
    we wait until every device is quiet and every device shows the same tree
    (bounded: CONVERGE_TIMEOUT).
 
@@ -52,18 +61,33 @@ import random
 import re
 import stat
 import subprocess
+import sys
 import time
+import urllib.parse
+import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from conftest import BIN, digest_diff, pid_alive
+from conftest import BIN, S3StoreRef, digest_diff, pid_alive
+
+SERVERS = Path(__file__).resolve().parents[1] / "servers"
 
 # Seconds within which all devices must be quiet and show the same tree after
 # the stores came back.
 CONVERGE_TIMEOUT = float(os.environ.get("UBQ_PARTITION_CONVERGE_TIMEOUT", "60"))
 # Seconds within which a cut-off device's status must say storeReachable false.
+# On S3 a request that gets 5xx is tried 5 times (backing off up to 1.5 s in
+# all), and a request already in flight when the proxy cuts may be a stalled
+# one (online faults) that only times out after 10 s: hence more time.
 OFFLINE_TIMEOUT = 20.0
+OFFLINE_TIMEOUT_S3 = 40.0
+# With online faults: seconds the devices get, after reconnecting through
+# faulty proxies, to become quiet before the faults are turned off.
+FAULT_PHASE_TIMEOUT = float(os.environ.get("UBQ_PARTITION_FAULT_PHASE", "30"))
+# The faults of `--online-faults` (bench) and of the S3 test variant that has them.
+DEFAULT_ONLINE_FAULTS = dict(error_rate=0.05, throttle_rate=0.02, reset_rate=0.02, truncate_rate=0.02,
+                             stall_rate=0.005, stall_seconds=12)
 OPS_PER_DEVICE = 12
 BASE_DIRS = ["d0", "d1", "d2"]
 NAMES = [f"f{i}" for i in range(5)]
@@ -118,6 +142,35 @@ class StoreLink:
         self.point_to(self.target)
 
 
+class ProxyLink:
+    """The S3 counterpart of StoreLink: the device reaches the server through
+    its own FaultProxy; `cut()` answers every request with a 5xx, `restore()`
+    gives it the server back (with `faults`, through those faults)."""
+
+    def __init__(self, store: S3StoreRef, seed: int | None = None):
+        if str(SERVERS) not in sys.path:
+            sys.path.insert(0, str(SERVERS))
+        from faultproxy import RATE_KEYS, FaultProxy
+        self.rates_off = dict.fromkeys(RATE_KEYS, 0.0)
+        self.proxy = FaultProxy(store.endpoint, seed=seed).start()
+        self.path = store.via(self.proxy.url)
+        self.state = "online"
+
+    def cut(self) -> None:
+        self.proxy.configure(**{**self.rates_off, "error_rate": 1.0})
+        self.state = "cut"
+
+    def restore(self, faults: dict | None = None) -> None:
+        self.proxy.configure(**{**self.rates_off, **(faults or {})})
+        self.state = "faulty" if faults else "online"
+
+    def stats(self) -> dict:
+        return self.proxy.stats()["counters"]
+
+    def stop(self) -> None:
+        self.proxy.stop()
+
+
 def status_json(dev) -> dict:
     """`ubiquityfs status MP --json` of a device (output captured, not logged:
     the campaign calls it thousands of times)."""
@@ -137,18 +190,85 @@ def short_status(s: dict) -> str:
     return json.dumps(out)
 
 
-def journal_records(store: Path) -> list[Path]:
-    """The change-set records of every container of a folder store, in order."""
+@dataclass(frozen=True)
+class S3Record:
+    """A journal record of an S3 store: read with a signed GET straight from
+    the server (not through any device's proxy)."""
+    store: S3StoreRef
+    key: str  # below the bucket: PREFIX/containers/HEXID/journal/SEQ
+
+    @property
+    def name(self) -> str:
+        return self.key.rsplit("/", 1)[1]
+
+    @property
+    def container(self) -> str:
+        hexid = self.key.rsplit("/", 3)[1]  # the container ID's UTF-8 in hex
+        try:
+            return bytes.fromhex(hexid).decode()
+        except ValueError:
+            return hexid
+
+    def read_text(self) -> str:
+        status, _, data = s3_call(self.store, "GET", "/" + _bucket_prefix(self.store)[0] + "/" + self.key)
+        if status != 200:
+            raise OSError(f"GET {self.key}: {status} {data[:200]!r}")
+        return data.decode()
+
+
+def _bucket_prefix(store: S3StoreRef) -> tuple[str, str]:
+    bucket, _, prefix = str(store)[len("s3://"):].partition("/")
+    prefix = prefix.strip("/")
+    return bucket, prefix + "/" if prefix else ""
+
+
+def s3_call(store: S3StoreRef, method: str, path: str, query: dict | None = None) -> tuple[int, dict, bytes]:
+    """A signed request to the store's server, with the credentials of the
+    environment (conftest.s3_server exports them)."""
+    if str(SERVERS) not in sys.path:
+        sys.path.insert(0, str(SERVERS))
+    import s3servers
+    info = {"endpoint": store.endpoint, "region": store.region,
+            "access_key": os.environ["AWS_ACCESS_KEY_ID"], "secret_key": os.environ["AWS_SECRET_ACCESS_KEY"]}
+    return s3servers.s3_request(info, method, path, query)
+
+
+def s3_journal_keys(store: S3StoreRef) -> list[S3Record]:
+    """Every journal record key of every container (ListObjectsV2, paged)."""
+    bucket, prefix = _bucket_prefix(store)
+    keys, token = [], None
+    while True:
+        query = {"list-type": "2", "prefix": prefix + "containers/", "max-keys": "1000"}
+        if token:
+            query["continuation-token"] = token
+        status, _, data = s3_call(store, "GET", f"/{bucket}", query)
+        if status != 200:
+            raise OSError(f"LIST {prefix}containers/: {status} {data[:200]!r}")
+        root = ET.fromstring(data)
+        ns = root.tag[: root.tag.index("}") + 1] if root.tag.startswith("{") else ""
+        keys += [urllib.parse.unquote(k.text) if root.findtext(f"{ns}EncodingType") == "url" else k.text
+                 for k in root.iter(f"{ns}Key")]
+        if root.findtext(f"{ns}IsTruncated") != "true":
+            break
+        token = root.findtext(f"{ns}NextContinuationToken")
+    return [S3Record(store, k) for k in keys if re.search(r"/journal/\d{16}$", k)]
+
+
+def journal_records(store) -> list:
+    """The change-set records of every container of the store, in order:
+    Paths (folder store) or S3Records."""
+    if isinstance(store, S3StoreRef):
+        return sorted(s3_journal_keys(store), key=lambda r: (r.container, r.name))
     return sorted(Path(store).glob("containers/*/journal/*"), key=lambda p: (p.parent.parent.name, p.name))
 
 
-def describe_record(path: Path) -> str:
+def describe_record(path) -> str:
     """One change set of the journal, compact: node ids shortened to 4 characters."""
     def short(v):
         return v if v == "root" or not isinstance(v, str) else v[:4]
     try:
-        record = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as e:
+        record = json.loads(path.read_text())
+    except Exception as e:  # noqa: BLE001 - OSError, bad JSON, an S3 GET that failed: the report goes on
         return f"#{path.name} unreadable: {e!r}"
     parts = []
     for c in record.get("changes", []):
@@ -166,7 +286,8 @@ def describe_record(path: Path) -> str:
             what = json.dumps({k: short(v) for k, v in c.items()
                                if k not in ("uid", "gid", "ctime", "mtime", "btime", "rdev", "xattrs", "mode")})
         parts.append(what)
-    head = f"#{int(path.name)} {path.parent.parent.name.split('.')[-1]} by {record.get('deviceName')}:"
+    container = path.container if isinstance(path, S3Record) else path.parent.parent.name
+    head = f"#{int(path.name)} {container.split('.')[-1]} by {record.get('deviceName')}:"
     return head + "\n      " + "\n      ".join(parts)
 
 
@@ -219,6 +340,23 @@ def scan(root) -> dict[str, Entry]:
                 out[rel] = Entry("symlink", mode, st.st_size, os.readlink(path), (), st.st_nlink, st.st_ino)
             else:
                 out[rel] = Entry("other", mode, st.st_size, None, (), st.st_nlink, st.st_ino)
+    return out
+
+
+def meta_scan(root) -> dict[str, tuple]:
+    """relpath -> (kind, size) from lstat alone (reads no content)."""
+    root = os.fspath(root)
+    out: dict[str, tuple] = {}
+
+    def fail(err):
+        raise err
+
+    for dirpath, dirnames, filenames in os.walk(root, onerror=fail):
+        for name in dirnames + filenames:
+            path = os.path.join(dirpath, name)
+            st = os.lstat(path)
+            kind = "dir" if stat.S_ISDIR(st.st_mode) else "file" if stat.S_ISREG(st.st_mode) else "other"
+            out[os.path.relpath(path, root)] = (kind, None if kind == "dir" else st.st_size)
     return out
 
 
@@ -396,6 +534,10 @@ class RoundResult:
     round: int
     seconds: float = 0.0
     converge_seconds: float = 0.0
+    offline_seconds: float = 0.0  # until every device cut off said storeReachable false
+    fault_phase_seconds: float = 0.0  # reconnected under online faults, before they were turned off
+    quiet_under_faults: bool | None = None  # None: no online faults this round
+    online: list[str] = field(default_factory=list)  # devices that stayed online (faulty) during the operations
     diverged: bool = False
     lost: dict[str, list[str]] = field(default_factory=dict)
     lost_old: list[str] = field(default_factory=list)
@@ -427,13 +569,24 @@ class RoundResult:
 
 
 class Partition:
-    """`make(name, store_path)` returns an unmounted conftest.Device (its
-    teardown is the caller's); `base` is a scratch directory."""
+    """`make(name, store)` returns an unmounted conftest.Device (its teardown
+    is the caller's); `base` is a scratch directory.  `store` is a folder or
+    a conftest.S3StoreRef (then each device gets its own fault proxy: stop
+    them with `close_links()` after the devices are unmounted).
+    `online_faults` (S3 only): FaultProxy rates for the devices that stay
+    online during the operations and for every device while reconnecting."""
 
-    def __init__(self, make: Callable, base: Path, store: Path, n: int, seed: int,
-                 *, skip: frozenset[str] = frozenset(), say: Callable[[str], None] = lambda s: None):
+    def __init__(self, make: Callable, base: Path, store, n: int, seed: int,
+                 *, skip: frozenset[str] = frozenset(), say: Callable[[str], None] = lambda s: None,
+                 online_faults: dict | None = None):
         assert n in (2, 3), n
-        self.make, self.base, self.store, self.n, self.seed, self.say = make, Path(base), Path(store), n, seed, say
+        self.s3 = isinstance(store, S3StoreRef)
+        if online_faults and not self.s3:
+            raise ValueError("online faults need an S3 store (a fault proxy per device)")
+        self.make, self.base, self.n, self.seed, self.say = make, Path(base), n, seed, say
+        self.store = store if self.s3 else Path(store)
+        self.online_faults = dict(online_faults) if online_faults else None
+        self.offline_timeout = OFFLINE_TIMEOUT_S3 if self.s3 else OFFLINE_TIMEOUT
         self.nesting = seed % 2 == 0
         self.skip = frozenset(skip)
         self.empty = self.base / "unreachable-share"
@@ -449,7 +602,10 @@ class Partition:
         self.empty.mkdir(parents=True, exist_ok=True)
         for i in range(self.n):
             label = LABELS[i]
-            link = StoreLink(self.base / f"store-link-{label}", self.store)
+            if self.s3:
+                link = ProxyLink(self.store, seed=self.seed * 10 + i)
+            else:
+                link = StoreLink(self.base / f"store-link-{label}", self.store)
             dev = self.make(label, link.path)
             dev.mount_args = ("--device-name", label)
             dev.mount()
@@ -466,20 +622,72 @@ class Partition:
         for a in self.actors:
             a.link.restore()
 
+    def close_links(self) -> None:
+        """Stop the S3 fault proxies (after the devices were unmounted: a
+        graceful unmount pushes through them)."""
+        for a in self.actors:
+            if isinstance(a.link, ProxyLink):
+                a.link.stop()
+
+    def cut(self, a: Actor) -> None:
+        if isinstance(a.link, ProxyLink):
+            a.link.cut()
+        else:
+            a.link.point_to(self.empty)
+
+    def link_stats(self) -> str:
+        """The proxies' counters (S3), one line per device."""
+        keys = ("requests", "forwarded", "error_500", "error_503", "throttle_429", "stalls", "resets_before",
+                "resets_after", "truncations", "upstream_failures")
+        out = []
+        for a in self.actors:
+            if isinstance(a.link, ProxyLink):
+                c = a.link.stats()
+                out.append(f"proxy {a.label} (counters since mount): " + " ".join(f"{k}={c[k]}" for k in keys if c.get(k)))
+        return "\n".join(out)
+
     # -- waiting -----------------------------------------------------------------
 
-    def wait_offline(self) -> list[str]:
-        deadline = time.monotonic() + OFFLINE_TIMEOUT
-        waiting = list(self.actors)
+    def wait_offline(self, actors: list[Actor] | None = None) -> list[str]:
+        deadline = time.monotonic() + self.offline_timeout
+        waiting = list(self.actors if actors is None else actors)
+        how = "its proxy answered every request with a 5xx" if self.s3 else "was re-pointed to an empty folder"
         while waiting:
             waiting = [a for a in waiting if status_json(a.dev).get("storeReachable") is not False]
             if not waiting:
                 return []
             if time.monotonic() > deadline:
-                return [f"{a.label} still says storeReachable true {OFFLINE_TIMEOUT:.0f}s after its store "
-                        "was re-pointed to an empty folder" for a in waiting]
+                return [f"{a.label} still says storeReachable true {self.offline_timeout:.0f}s after its store "
+                        f"{how}" for a in waiting]
             time.sleep(0.2)
         return []
+
+    def wait_quiet_under_faults(self) -> bool:
+        """With online faults on every proxy: wait until every device is
+        reachable and quiet and all show the same names, kinds and sizes
+        (metadata only: no content is read), twice in a row (at most
+        FAULT_PHASE_TIMEOUT)."""
+        deadline = time.monotonic() + FAULT_PHASE_TIMEOUT
+        last = None
+        while time.monotonic() < deadline:
+            statuses = [status_json(a.dev) for a in self.actors]
+            if all(s.get("storeReachable") and s.get("pendingItems") == 0 and s.get("downloadingItems") == 0
+                   for s in statuses):
+                try:
+                    metas = [meta_scan(a.root) for a in self.actors]
+                except OSError as e:
+                    self.say(f"metadata scan under faults: {e!r}")
+                    metas = [None, 0]
+                if all(m == metas[0] for m in metas[1:]):
+                    if metas[0] == last:
+                        return True
+                    last = metas[0]
+                else:
+                    last = None
+            else:
+                last = None
+            time.sleep(0.5)
+        return False
 
     def converge(self) -> list[str]:
         """Wait until every device is reachable and quiet and all trees are
@@ -549,11 +757,29 @@ class Partition:
         for a in self.actors:
             a.reset()
         start_tree = self.tree
-        journal_before = len(journal_records(self.store))
+        try:
+            journal_before = len(journal_records(self.store))
+        except Exception as e:  # noqa: BLE001 - the report only leaves the journal out
+            journal_before = None
+            self.say(f"journal listing failed: {e!r}")
+        # Who stays online (through faults) during the operations: its own
+        # generator, so that the operations are those of a run without faults.
+        online: list[Actor] = []
+        if self.online_faults:
+            frng = random.Random(self.seed * 7_919 + rnd * 31 + 5)
+            online = [a for a in self.actors if frng.random() < 0.4]
+            if len(online) == len(self.actors):
+                online.remove(frng.choice(online))
+            res.online = [a.label for a in online]
+        cut = [a for a in self.actors if a not in online]
 
-        for a in self.actors:
-            a.link.point_to(self.empty)
-        res.other += self.wait_offline()
+        for a in cut:
+            self.cut(a)
+        for a in online:
+            a.link.restore(self.online_faults)
+        t1 = time.monotonic()
+        res.other += self.wait_offline(cut)
+        res.offline_seconds = time.monotonic() - t1
         self.trees = {}
         if res.other:
             self.restore_links()
@@ -565,7 +791,15 @@ class Partition:
             rng.shuffle(order)
             for a in order:
                 time.sleep(rng.choice([0, 0, 0.1, 0.5, 1.2]))
-                a.link.restore()
+                if self.online_faults:
+                    a.link.restore(self.online_faults)
+                else:
+                    a.link.restore()
+            if self.online_faults:
+                t1 = time.monotonic()
+                res.quiet_under_faults = self.wait_quiet_under_faults()
+                res.fault_phase_seconds = time.monotonic() - t1
+                self.restore_links()
             t1 = time.monotonic()
             problems = self.converge()
             res.converge_seconds = time.monotonic() - t1
@@ -578,7 +812,7 @@ class Partition:
             res.op_errors += a.errors
             if not pid_alive(a.dev.pid):
                 res.other.append(f"daemon of {a.label} (pid {a.dev.pid}) is gone")
-        leftovers = os.listdir(self.empty)
+        leftovers = [] if self.s3 else os.listdir(self.empty)
         if leftovers:
             res.other.append(f"something was written into the empty folder: {leftovers}")
 
@@ -600,26 +834,59 @@ class Partition:
             self.tree = tree
         res.seconds = time.monotonic() - t0
         ops = [line for a in self.actors for line in a.log]
-        self.history.append(f"round {rnd}:\n" + "\n".join("  " + line for line in ops))
+        head = f"round {rnd}:" + (f" (online with faults: {', '.join(res.online) or 'none'})"
+                                  if self.online_faults else "")
+        self.history.append(head + "\n" + "\n".join("  " + line for line in ops))
         if not res.ok:
-            res.report = self.report(res, start_tree, ops, trees, journal_records(self.store)[journal_before:])
+            records: list | str
+            if journal_before is None:
+                records = "(the journal could not be listed at the start of the round)"
+            else:
+                try:
+                    records = journal_records(self.store)[journal_before:]
+                except Exception as e:  # noqa: BLE001
+                    records = f"(the journal could not be listed: {e!r})"
+            res.report = self.report(res, start_tree, ops, trees, records)
         return res
+
+    def replay_lines(self, rnd: int) -> list[str]:
+        n = self.n
+        skip = ','.join(sorted(self.skip))
+        if self.s3:
+            flags = f"--store s3{' --online-faults' if self.online_faults else ''}"
+            return [f"replay: python3 bench/partition_campaign.py {flags} --seeds {self.seed} --devices {n} "
+                    f"--rounds {rnd + 1}{' --skip ' + skip if skip else ''}",
+                    f"    or: UBQ_PARTITION_SEED={self.seed} UBQ_PARTITION_DEVICES={n} "
+                    f"{'UBQ_PARTITION_SKIP=' + skip + ' ' if skip else ''}UBQ_PARTITION_S3_ROUNDS={rnd + 1} "
+                    "python3 -m pytest -q -p no:cacheprovider Tests/mount/test_partition.py -k s3 "
+                    "(its online faults: the 3-device variant only)"]
+        return [f"replay: UBQ_PARTITION_SEED={self.seed} UBQ_PARTITION_DEVICES={n} "
+                f"{'UBQ_PARTITION_SKIP=' + skip + ' ' if skip else ''}"
+                f"UBQ_PARTITION_ROUNDS={rnd + 1} python3 -m pytest -q -p no:cacheprovider "
+                "Tests/mount/test_partition.py -k 'not s3'"]
 
     def report(self, res: RoundResult, start_tree, ops, trees, records) -> str:
         n = self.n
+        store = (f"S3 store {self.store} at {self.store.endpoint}"
+                 + (f", online faults {self.online_faults}" if self.online_faults else "")) if self.s3 \
+            else f"folder store {self.store}"
+        if self.online_faults:
+            offline = [a.label for a in self.actors if a.label not in res.online]
+            who = (f"{', '.join(offline)} offline, {', '.join(res.online) or 'none'} online with faults; "
+                   f"after reconnecting, {'quiet' if res.quiet_under_faults else 'NOT quiet'} under faults "
+                   f"within {res.fault_phase_seconds:.1f}s, then faults off")
+        else:
+            who = "all devices offline"
         lines = [
             f"PARTITION FAILURE: seed {self.seed}, {n} devices, round {res.round} "
             f"(nesting {'on' if self.nesting else 'off'}"
-            f"{', skipping ' + ','.join(sorted(self.skip)) if self.skip else ''})",
-            f"replay: UBQ_PARTITION_SEED={self.seed} UBQ_PARTITION_DEVICES={n} "
-            f"{'UBQ_PARTITION_SKIP=' + ','.join(sorted(self.skip)) + ' ' if self.skip else ''}"
-            f"UBQ_PARTITION_ROUNDS={res.round + 1} python3 -m pytest -q -p no:cacheprovider "
-            "Tests/mount/test_partition.py",
+            f"{', skipping ' + ','.join(sorted(self.skip)) if self.skip else ''}; {store})",
+            *self.replay_lines(res.round),
             "symptoms:",
             *("  " + s for s in res.symptoms()),
             "tree at the start of the round (every device agreed):",
             describe_tree(start_tree, "  "),
-            "operations of the round (all devices offline; a, b, c interleaved):",
+            f"operations of the round ({who}; a, b, c interleaved):",
             *("  " + op for op in ops),
         ]
         if trees:
@@ -633,7 +900,12 @@ class Partition:
                     lines.append(f"diff {first} (expected) vs {other} (actual):")
                     lines += ["  " + line for line in diff.splitlines()]
         lines.append("change sets pushed in the round (store journal; node ids shortened):")
-        lines += ["  " + describe_record(p) for p in records] or ["  (none)"]
+        if isinstance(records, str):
+            lines.append("  " + records)
+        else:
+            lines += ["  " + describe_record(p) for p in records] or ["  (none)"]
+        if self.s3:
+            lines += self.link_stats().splitlines()
         for a in self.actors:
             lines.append(f"daemon log {a.label}: " + " ".join(
                 str(p) for p in Path(a.dev.data_home).glob("ubiquityfs/replicas/*/daemon.log")))
