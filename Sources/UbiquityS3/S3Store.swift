@@ -171,22 +171,14 @@ public final class S3Store: Store, @unchecked Sendable {
         try verifyMarker()
         let response = try client.send(.GET, key: containerKey(container), expect: [404])
         guard response.status != 404 else { return nil }
-        do {
-            let config = try JSONDecoder().decode(ContainerConfig.self, from: response.body)
-            try config.validate()
-            guard config.id == container else { throw UbiquityError(EINVAL, "its ID is \(RecordFormat.quoted(config.id))") }
-            return config
-        } catch {
-            let problem = (error as? DecodingError).map(ChangeSet.describe) ?? UbiquityError.wrap(error).message
-            throw UbiquityError(EINVAL, "container configuration \(location)/containers/\(container)/container.json is damaged: \(RecordFormat.printable(problem))")
-        }
+        return try ContainerConfig.decodeStored(response.body, id: container, at: "\(location)/\(containerKey(container).dropFirst(location.prefix.count))")
     }
 
     public func createContainer(_ config: ContainerConfig) throws {
         try config.validate()
         try verifyMarker()
         let response = try client.send(.PUT, key: containerKey(config.id), headers: [("if-none-match", "*"), ("content-type", "application/json")],
-                                       body: try Self.encode(config), expect: [412], retryStatus: Self.retryConditional)
+                                       body: try config.encodedForStore(), expect: [412], retryStatus: Self.retryConditional)
         if response.status == 412 { throw UbiquityError(EEXIST, "container \(config.id) already exists") }
         try noteContainersChanged()
     }
@@ -194,7 +186,7 @@ public final class S3Store: Store, @unchecked Sendable {
     public func updateContainer(_ config: ContainerConfig) throws {
         try config.validate()
         guard try containerConfig(config.id) != nil else { throw UbiquityError(ENOENT, "no container \(config.id)") }
-        _ = try client.send(.PUT, key: containerKey(config.id), headers: [("content-type", "application/json")], body: try Self.encode(config))
+        _ = try client.send(.PUT, key: containerKey(config.id), headers: [("content-type", "application/json")], body: try config.encodedForStore())
         try noteContainersChanged()
     }
 
@@ -238,12 +230,6 @@ public final class S3Store: Store, @unchecked Sendable {
             }
         }
         return listing
-    }
-
-    static func encode(_ config: ContainerConfig) throws -> Data {
-        let encoder = JSONEncoder()
-        encoder.outputFormatting = [.prettyPrinted, .sortedKeys]
-        return try encoder.encode(config)
     }
 
     // MARK: Journal

@@ -181,16 +181,7 @@ public final class FolderStore: Store {
         try checkReachable()
         let url = containerDir(container).appendingPathComponent("container.json")
         guard let data = FileManager.default.contents(atPath: url.path) else { return nil }
-        // Checked as it is read: the display name becomes a folder's name on every drive.
-        do {
-            let config = try JSONDecoder().decode(ContainerConfig.self, from: data)
-            try config.validate()
-            guard config.id == container else { throw UbiquityError(EINVAL, "its ID is \(RecordFormat.quoted(config.id))") }
-            return config
-        } catch {
-            let problem = (error as? DecodingError).map(ChangeSet.describe) ?? UbiquityError.wrap(error).message
-            throw UbiquityError(EINVAL, "container configuration \(url.path) is damaged: \(RecordFormat.printable(problem))")
-        }
+        return try ContainerConfig.decodeStored(data, id: container, at: url.path)
     }
 
     /// Create a container; `EEXIST` if it exists (two devices creating one race safely).
@@ -200,7 +191,7 @@ public final class FolderStore: Store {
         let dir = containerDir(config.id)
         try makeDirectory(dir.appendingPathComponent("journal"))
         do {
-            try Self.publish(try Self.encode(config), at: dir.appendingPathComponent("container.json"),
+            try Self.publish(try config.encodedForStore(), at: dir.appendingPathComponent("container.json"),
                              tmpDir: root.appendingPathComponent("tmp"), exclusive: true, mode: fileMode)
         } catch let error as UbiquityError where error.errno == EEXIST {
             throw UbiquityError(EEXIST, "container \(config.id) already exists")
@@ -210,7 +201,7 @@ public final class FolderStore: Store {
     public func updateContainer(_ config: ContainerConfig) throws {
         try config.validate()
         guard try containerConfig(config.id) != nil else { throw UbiquityError(ENOENT, "no container \(config.id)") }
-        try Self.publish(try Self.encode(config), at: containerDir(config.id).appendingPathComponent("container.json"),
+        try Self.publish(try config.encodedForStore(), at: containerDir(config.id).appendingPathComponent("container.json"),
                          tmpDir: root.appendingPathComponent("tmp"), exclusive: false, mode: fileMode)
     }
 
@@ -226,12 +217,6 @@ public final class FolderStore: Store {
             }
         }
         return listing
-    }
-
-    static func encode(_ config: ContainerConfig) throws -> Data {
-        let encoder = JSONEncoder()
-        encoder.outputFormatting = [.prettyPrinted, .sortedKeys]
-        return try encoder.encode(config)
     }
 
     public func commit(container: String, seq: UInt64, changeSet: ChangeSet) throws -> Bool {

@@ -251,6 +251,28 @@ public struct ContainerConfig: Codable, Hashable, Sendable {
         self.supportedFolderLevels = supportedFolderLevels
     }
 
+    /// `container.json` as stores hold it: pretty-printed, sorted keys.
+    public func encodedForStore() throws -> Data {
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = [.prettyPrinted, .sortedKeys]
+        return try encoder.encode(self)
+    }
+
+    /// A stored `container.json` of container `id`, checked as it is read
+    /// (the display name becomes a folder's name on every drive); `location`
+    /// names it in the error when it is damaged.
+    public static func decodeStored(_ data: Data, id: String, at location: String) throws -> ContainerConfig {
+        do {
+            let config = try JSONDecoder().decode(ContainerConfig.self, from: data)
+            try config.validate()
+            guard config.id == id else { throw UbiquityError(EINVAL, "its ID is \(RecordFormat.quoted(config.id))") }
+            return config
+        } catch {
+            let problem = (error as? DecodingError).map(ChangeSet.describe) ?? UbiquityError.wrap(error).message
+            throw UbiquityError(EINVAL, "container configuration \(location) is damaged: \(RecordFormat.printable(problem))")
+        }
+    }
+
     /// A valid ID, and a display name that can be a folder name (a drive
     /// shows it as one): the rules of an entry name (`RecordFormat.problem(name:)`).
     public func validate() throws {

@@ -93,7 +93,7 @@ public enum RecordFormat {
     }
 
     /// A value from a record, quoted for a reason (escaped, shortened).
-    public static func quoted(_ text: String) -> String { "\"\(printable(text, limit: 40))\"" }
+    static func quoted(_ text: String) -> String { "\"\(printable(text, limit: 40))\"" }
 }
 
 /// One journal record as a store holds it: the change set, or why the
@@ -208,7 +208,7 @@ extension ChangeSet {
     }
 
     /// A decoding error as a reason: where in the record, and what.
-    public static func describe(_ error: DecodingError) -> String {
+    static func describe(_ error: DecodingError) -> String {
         func path(_ keys: [any CodingKey]) -> String {
             var out = ""
             for key in keys {
