@@ -128,6 +128,16 @@ def drop_caches():
         f.write("3\n")
 
 
+def wait_for_file(path, timeout=60):
+    """Wait until `path` exists (another device's file arrived); returns it."""
+    t0 = time.time()
+    while not os.path.exists(path):
+        if time.time() - t0 > timeout:
+            raise RuntimeError(f"{os.path.basename(path)} did not arrive")
+        time.sleep(0.05)
+    return path
+
+
 def bench_propagation(a, b, edits, max_failed=5):
     """An edit that is not readable on B within 30 s (or whose reads fail) counts as failed; the row
     stops after max_failed of them and reports the rest (each failure costs 30 s)."""
@@ -218,12 +228,7 @@ def bench_placeholder(a, b, store, mib):
         for i in range(mib):
             f.write(chunk[:-8] + i.to_bytes(8, "little"))
     a.wait_pushed()
-    target = os.path.join(b.mp, "big.bin")
-    t0 = time.time()
-    while not os.path.exists(target):
-        if time.time() - t0 > 60:
-            raise RuntimeError("big.bin did not arrive")
-        time.sleep(0.05)
+    target = wait_for_file(os.path.join(b.mp, "big.bin"))
     # The blobs of this file: every blob of about 4 MiB in the store (chunks).
     blobs = []
     for root, _, names in os.walk(os.path.join(store, "blobs")):
@@ -264,12 +269,7 @@ def bench_placeholder_s3(a, b, s3, aws, workdir, mib):
     subprocess.run([*aws_base, local, url], check=True)
     upload_s = time.perf_counter() - t0
     os.unlink(local)
-    target = os.path.join(b.mp, "big.bin")
-    t0 = time.time()
-    while not os.path.exists(target):
-        if time.time() - t0 > 60:
-            raise RuntimeError("big.bin did not arrive")
-        time.sleep(0.05)
+    target = wait_for_file(os.path.join(b.mp, "big.bin"))
     drop_caches()
     t0 = time.perf_counter()
     subprocess.run([*aws_base, url, "-"], check=True, stdout=subprocess.DEVNULL)
