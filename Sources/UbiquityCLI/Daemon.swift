@@ -366,8 +366,11 @@ final class Daemon: @unchecked Sendable {
                 throw UbiquityError(EHOSTDOWN, "\(offlineReason); this device has no replica of \(id) to work offline with")
             }
             let replica = try Replica(directory: replicaDir, rootOwner: (getuid(), getgid()))
+            // UBIQUITYFS_SNAPSHOT_INTERVAL: records between snapshots (tests make it small; 0: none).
+            let snapshotInterval = ProcessInfo.processInfo.environment["UBIQUITYFS_SNAPSHOT_INTERVAL"].flatMap { UInt64($0) }
             let engine = SyncEngine(replica: replica, store: syncStore, container: id, device: device,
-                                    logger: logger, cacheLimit: settings.cacheLimit)
+                                    logger: logger, cacheLimit: settings.cacheLimit,
+                                    snapshotInterval: snapshotInterval ?? SyncEngine.defaultSnapshotInterval)
             // Files being rewritten when the daemon last died: before anything else sees them.
             try engine.recoverInterruptedWrites()
             do {

@@ -296,6 +296,38 @@ public final class S3Store: Store, @unchecked Sendable {
         return JournalRecord(seq: seq, data: response.body)
     }
 
+    // MARK: Snapshots
+
+    func snapshotPrefix(_ container: String) -> String { containerPrefix(container) + "snapshots/" }
+
+    public func snapshots(container: String) throws -> [UInt64] {
+        try verifyMarker()
+        let prefix = snapshotPrefix(container)
+        return try listKeys(after: prefix, prefix: prefix, max: 100_000).compactMap { key -> UInt64? in
+            let name = key.dropFirst(prefix.count)
+            guard name.utf8.count == 16, let seq = UInt64(name), seq > 0 else { return nil }
+            return seq
+        }.sorted()
+    }
+
+    public func snapshot(container: String, seq: UInt64) throws -> SnapshotRecord? {
+        try verifyMarker()
+        let response = try client.send(.GET, key: snapshotPrefix(container) + Self.seqName(seq), expect: [404], maxBody: 1 << 20)
+        if response.status == 404 { return nil }
+        return try SnapshotRecord.decode(response.body, seq: seq)
+    }
+
+    public func publishSnapshot(container: String, _ snapshot: SnapshotRecord) throws -> Bool {
+        try verifyMarker()
+        let data = try snapshot.encoded()
+        let key = snapshotPrefix(container) + Self.seqName(snapshot.seq)
+        let response = try client.send(.PUT, key: key, headers: [("if-none-match", "*"), ("content-type", "application/json")],
+                                       body: data, expect: [412], retryStatus: Self.retryConditional)
+        if response.status != 412 { return true }
+        let existing = try client.send(.GET, key: key, expect: [404])
+        return existing.status == 200 && existing.body == data
+    }
+
     func noteJournal(_ container: String, next: UInt64, activity: Bool = true) {
         nextRecord.withLock { known in known[container] = max(known[container] ?? 0, next) }
         if activity { lastActivity.store(DispatchTime.now().uptimeNanoseconds, ordering: .relaxed) }

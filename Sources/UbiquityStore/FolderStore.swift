@@ -11,6 +11,7 @@ import Glibc
 /// STORE/ubiquityfs-store.json          marker: format and store ID
 /// STORE/containers/ID/container.json   container configuration
 /// STORE/containers/ID/journal/SEQ      one JSON change set per record (SEQ: 16 digits)
+/// STORE/containers/ID/snapshots/SEQ    the container's state at record SEQ (`SnapshotRecord`)
 /// STORE/blobs/AB/SHA256                immutable content, AB = first two hex digits
 /// STORE/tmp/                           staging for atomic publication
 /// ```
@@ -239,6 +240,37 @@ public final class FolderStore: Store {
             next += 1
         }
         return records
+    }
+
+    func snapshotURL(_ container: String, _ seq: UInt64) -> URL {
+        containerDir(container).appendingPathComponent("snapshots").appendingPathComponent(Self.seqName(seq))
+    }
+
+    public func snapshots(container: String) throws -> [UInt64] {
+        try checkReachable()
+        let dir = containerDir(container).appendingPathComponent("snapshots").path
+        let names = (try? FileManager.default.contentsOfDirectory(atPath: dir)) ?? []
+        return names.compactMap { $0.utf8.count == 16 ? UInt64($0) : nil }.filter { $0 > 0 }.sorted()
+    }
+
+    public func snapshot(container: String, seq: UInt64) throws -> SnapshotRecord? {
+        try checkReachable()
+        let url = snapshotURL(container, seq)
+        guard let data = FileManager.default.contents(atPath: url.path) else { return nil }
+        return try SnapshotRecord.decode(data, seq: seq)
+    }
+
+    public func publishSnapshot(container: String, _ snapshot: SnapshotRecord) throws -> Bool {
+        try checkReachable()
+        let data = try snapshot.encoded()
+        let url = snapshotURL(container, snapshot.seq)
+        try makeDirectory(url.deletingLastPathComponent())
+        do {
+            try Self.publish(data, at: url, tmpDir: root.appendingPathComponent("tmp"), exclusive: true, mode: fileMode)
+            return true
+        } catch let error as UbiquityError where error.errno == EEXIST {
+            return false
+        }
     }
 
     /// Journal record `seq`, or nil if there is none (the end of the

@@ -93,7 +93,7 @@ public enum RecordFormat {
     }
 
     /// A value from a record, quoted for a reason (escaped, shortened).
-    static func quoted(_ text: String) -> String { "\"\(printable(text, limit: 40))\"" }
+    public static func quoted(_ text: String) -> String { "\"\(printable(text, limit: 40))\"" }
 }
 
 /// One journal record as a store holds it: the change set, or why the

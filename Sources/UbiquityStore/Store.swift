@@ -36,6 +36,16 @@ public protocol Store: Sendable {
     /// reader can skip it. Throws only when the journal cannot be read now.
     func journal(container: String, after seq: UInt64, limit: Int) throws -> [JournalRecord]
 
+    /// The journal records that have a snapshot (`SnapshotRecord`), ascending.
+    func snapshots(container: String) throws -> [UInt64]
+    /// Snapshot record `seq`, decoded and checked (`EBADMSG` when it is
+    /// damaged), or nil if there is none.
+    func snapshot(container: String, seq: UInt64) throws -> SnapshotRecord?
+    /// Publish `snapshot` exclusively (like a commit): false, writing
+    /// nothing, when one of that record exists. Its parts are stored and
+    /// flushed before.
+    func publishSnapshot(container: String, _ snapshot: SnapshotRecord) throws -> Bool
+
     /// The size in bytes of blob `hash` as stored, or nil if the store does
     /// not have it. Cheap (a `stat`, a HEAD request): it does not read or
     /// verify the content. Eviction asks it before dropping the last local

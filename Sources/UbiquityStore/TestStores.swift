@@ -10,6 +10,7 @@ public final class InMemoryStore: Store {
     struct State {
         var configs: [String: ContainerConfig] = [:]
         var journals: [String: [UInt64: Data]] = [:]
+        var snapshots: [String: [UInt64: Data]] = [:]
         var blobs: [String: Data] = [:]
     }
 
@@ -62,6 +63,35 @@ public final class InMemoryStore: Store {
             return out
         }
         return records.map { JournalRecord(seq: $0.0, data: $0.1) }
+    }
+
+    public func snapshots(container: String) throws -> [UInt64] {
+        state.withLock { $0.snapshots[container].map { $0.keys.sorted() } ?? [] }
+    }
+
+    public func snapshot(container: String, seq: UInt64) throws -> SnapshotRecord? {
+        guard let data = state.withLock({ $0.snapshots[container]?[seq] }) else { return nil }
+        return try SnapshotRecord.decode(data, seq: seq)
+    }
+
+    public func publishSnapshot(container: String, _ snapshot: SnapshotRecord) throws -> Bool {
+        let data = try snapshot.encoded()
+        return state.withLock { s in
+            if s.snapshots[container, default: [:]][snapshot.seq] != nil { return false }
+            s.snapshots[container, default: [:]][snapshot.seq] = data
+            return true
+        }
+    }
+
+    /// Test helper: put `data` as snapshot record `seq` as it is, unchecked.
+    public func putSnapshotRecord(container: String, seq: UInt64, data: Data) {
+        state.withLock { $0.snapshots[container, default: [:]][seq] = data }
+    }
+
+    /// Test helper: replace journal record `seq` with `data` (a store whose
+    /// old records were damaged, or that only a snapshot can still describe).
+    public func overwriteRecord(container: String, seq: UInt64, data: Data) {
+        state.withLock { $0.journals[container, default: [:]][seq] = data }
     }
 
     /// Test helper: put `data` as journal record `seq` as it is, unchecked
@@ -146,6 +176,18 @@ public final class FaultyStore: Store, CustomStringConvertible {
     public func journal(container: String, after seq: UInt64, limit: Int) throws -> [JournalRecord] {
         try check(.journal)
         return try base.journal(container: container, after: seq, limit: limit)
+    }
+    public func snapshots(container: String) throws -> [UInt64] {
+        try check(.journal)
+        return try base.snapshots(container: container)
+    }
+    public func snapshot(container: String, seq: UInt64) throws -> SnapshotRecord? {
+        try check(.journal)
+        return try base.snapshot(container: container, seq: seq)
+    }
+    public func publishSnapshot(container: String, _ snapshot: SnapshotRecord) throws -> Bool {
+        try check(.commit)
+        return try base.publishSnapshot(container: container, snapshot)
     }
     public func blobSize(_ hash: String) throws -> UInt64? {
         try check(.blobSize)

@@ -38,6 +38,9 @@ struct ChangeApplier {
     /// Entries this change set sets (to a node), and the nodes it names.
     var remoteKeys: Set<EntryKey> = []
     var remoteChildren: Set<NodeID> = []
+    /// Set when applying a snapshot part (`SnapshotPart`): a node's `base` is
+    /// its version, and these are the devices that made each file's content.
+    var snapshotAuthors: [NodeID: String]?
 
     init(seq: UInt64, deviceName: String, now: Date = Date()) {
         self.seq = seq
@@ -144,11 +147,11 @@ struct ChangeApplier {
                 n.target = state.target; n.rdev = state.rdev; n.xattrs = state.xattrs
                 n.conflicts = state.conflicts ?? []
             }
-            n.version = seq
+            n.version = version(of: state)
             if contentDiffers {
                 refresh = n.hasContent || n.pinned
                 Self.takeContent(state, into: &n)
-                n.author = author
+                n.author = author(of: state)
             }
         }
         if local.unlinked && contentDiffers { resurrections.append(ino) }
@@ -173,15 +176,24 @@ struct ChangeApplier {
             n.ctime = state.ctime; n.btime = state.btime; n.atime = state.mtime
             n.xattrs = state.xattrs
             n.conflicts = state.conflicts ?? []
-            n.author = author
+            n.author = author(of: state)
             Self.takeContent(state, into: &n)
             if state.kind != .file {
                 n.hasContent = true
                 n.size = state.kind == .symlink ? UInt64(state.target?.utf8.count ?? 0) : 0
             }
-            n.version = seq
+            n.version = version(of: state)
             n.unlinked = true   // until an entry names it
         }
+    }
+
+    /// The journal record a node's state is of: this one, or in a snapshot the one it names.
+    func version(of state: NodeState) -> UInt64 {
+        snapshotAuthors != nil && state.base > 0 ? state.base : seq
+    }
+
+    func author(of state: NodeState) -> String {
+        snapshotAuthors?[state.id] ?? author
     }
 
     /// Both edited the content: the remote version takes the node's ID and

@@ -24,6 +24,7 @@ extension SyncEngine {
         var unrecorded: (any Error)?
         var quarantined: [QuarantinedRecord] = []
         try pullLock.withLock { _ in
+            if let joined = try joinFromSnapshot() { all.merge(joined.changes) }
             while true {
                 let after = replica.withNamespace { ns in ns.appliedSeq }
                 let records = try store.journal(container: container, after: after, limit: 256)

@@ -60,9 +60,14 @@ public final class SyncEngine: Sendable {
     let limitRefusals = Mutex<[UInt64: UInt64]>([:])
     let checkThreadDone = DispatchSemaphore(value: 0)
     let checking = Mutex(false)
+    /// Journal records between snapshots, at least (0: never read or write one).
+    let snapshotInterval: UInt64
+    /// The newest snapshot this device knows of (nil: not asked yet).
+    let latestSnapshot = Mutex<UInt64?>(nil)
 
     public init(replica: Replica, store: any Store, container: String, device: DeviceIdentity,
-                logger: Logger, writeBackDelay: Double = 0.2, cacheLimit: UInt64? = nil) {
+                logger: Logger, writeBackDelay: Double = 0.2, cacheLimit: UInt64? = nil,
+                snapshotInterval: UInt64 = SyncEngine.defaultSnapshotInterval) {
         self.replica = replica
         self.store = store
         self.container = container
@@ -70,6 +75,7 @@ public final class SyncEngine: Sendable {
         self.logger = logger
         self.writeBackDelay = writeBackDelay
         self.cacheLimit = cacheLimit
+        self.snapshotInterval = snapshotInterval
     }
 
     // MARK: - Lifecycle
@@ -126,6 +132,7 @@ public final class SyncEngine: Sendable {
             let quiet = Double(DispatchTime.now().uptimeNanoseconds - lastPull) / 1e9
             if !mayHaveChanged && quiet < Self.maxQuietPoll {
                 enforceCacheLimit()
+                writeSnapshotIfDue()
                 mayHaveChanged = watcher?.wait(timeout: pollInterval) ?? true
                 continue
             }
@@ -151,6 +158,7 @@ public final class SyncEngine: Sendable {
                 watcher = nil
             }
             enforceCacheLimit()
+            if lastError == nil { writeSnapshotIfDue() }
             if let watcher {
                 mayHaveChanged = watcher.wait(timeout: pollInterval)
             } else {

@@ -17,7 +17,8 @@ final class TestDevice {
     let fs: FileSystem
     static let container = "com.example.test"
 
-    init(store: any Store, name: String = "device", directory: URL? = nil) throws {
+    init(store: any Store, name: String = "device", directory: URL? = nil,
+         snapshotInterval: UInt64 = SyncEngine.defaultSnapshotInterval) throws {
         self.directory = directory ?? FileManager.default.temporaryDirectory
             .appendingPathComponent("ubq-core-\(UUID().uuidString)")
         replica = try Replica(directory: self.directory, rootOwner: (0, 0))
@@ -26,7 +27,7 @@ final class TestDevice {
         }
         engine = SyncEngine(replica: replica, store: store, container: Self.container,
                             device: DeviceIdentity(id: "\(name)-\(UUID().uuidString)", name: name),
-                            logger: Logger(label: "test"), writeBackDelay: 0)
+                            logger: Logger(label: "test"), writeBackDelay: 0, snapshotInterval: snapshotInterval)
         // As the daemon does when it opens a replica.
         try engine.recoverInterruptedWrites()
         fs = FileSystem(replica: replica, hooks: engine)

@@ -104,6 +104,11 @@ struct StoreUnderTest {
         }
     }
 
+    /// The key of snapshot record `seq` of `container`, relative to the store.
+    func snapshotKey(_ container: String, _ seq: UInt64) -> String {
+        journalKey(container, seq).replacingOccurrences(of: "/journal/", with: "/snapshots/")
+    }
+
     func cleanUp() {
         if let folder { try? FileManager.default.removeItem(at: folder) }
     }
@@ -220,6 +225,37 @@ func changeSet(_ device: String, _ n: Int = 0) -> ChangeSet {
         #expect(records[1].changeSet == nil)
         if case .invalid = records[1].content {} else { Issue.record("record 2 should be invalid") }
         #expect(try !s.store.commit(container: "com.bad", seq: 2, changeSet: changeSet("b")))
+    }
+
+    @Test(arguments: StoreKind.all) func snapshotsArePublishedOnceListedAndChecked(kind: StoreKind) throws {
+        let s = try StoreUnderTest(kind)
+        defer { s.cleanUp() }
+        try s.store.createContainer(ContainerConfig(id: "com.snap-shot.x", displayName: "Snap"))
+        #expect(try s.store.snapshots(container: "com.snap-shot.x") == [])
+        #expect(try s.store.snapshot(container: "com.snap-shot.x", seq: 5) == nil)
+        let part = ContentCopy.hash(of: Data("part".utf8))
+        let first = SnapshotRecord(seq: 1000, device: "a", deviceName: "dev-a", nodes: 3, parts: [part])
+        #expect(try s.store.publishSnapshot(container: "com.snap-shot.x", first))
+        // One per record: a second device's snapshot of the same record is refused.
+        let other = SnapshotRecord(seq: 1000, device: "b", deviceName: "dev-b", nodes: 3, parts: [part])
+        #expect(try !s.reopen().publishSnapshot(container: "com.snap-shot.x", other))
+        #expect(try s.store.publishSnapshot(container: "com.snap-shot.x",
+                                            SnapshotRecord(seq: 20, device: "a", deviceName: "dev-a", nodes: 1, parts: [part])))
+        #expect(try s.reopen().snapshots(container: "com.snap-shot.x") == [20, 1000])
+        #expect(try s.reopen().snapshot(container: "com.snap-shot.x", seq: 1000) == first)
+        // Damaged, or of another record than its key: an error naming it, never a snapshot.
+        try s.writeRaw(s.snapshotKey("com.snap-shot.x", 30), Data("{\"version\": 1, \"seq".utf8))
+        try s.writeRaw(s.snapshotKey("com.snap-shot.x", 40), try first.encoded())
+        #expect(try s.store.snapshots(container: "com.snap-shot.x") == [20, 30, 40, 1000])
+        for seq: UInt64 in [30, 40] {
+            do {
+                _ = try s.store.snapshot(container: "com.snap-shot.x", seq: seq)
+                Issue.record("damaged snapshot \(seq) was read")
+            } catch let error as UbiquityError {
+                #expect(error.errno == EBADMSG)
+                #expect(error.message.contains("snapshot record \(seq)"))
+            }
+        }
     }
 
     @Test(arguments: StoreKind.all) func blobsAreVerifiedWhenRead(kind: StoreKind) throws {

@@ -1120,3 +1120,89 @@ def test_edits_read_on_the_other_device_while_they_arrive_never_stall(make_devic
             elapsed = time.monotonic() - t0
             assert elapsed < SYNC_TIMEOUT, f"edit {i} of {name} not readable on b after {elapsed:.1f} s"
             time.sleep(0.002)
+
+
+# --------------------------------------------------------------------------
+# Snapshots: a new device starts from one instead of replaying the journal
+# --------------------------------------------------------------------------
+
+
+def store_objects(store) -> dict[str, callable]:
+    """Raw access to what a store holds: `keys(part)` lists the keys (paths
+    relative to the store) with `/part/` in them, `put(key, data)` replaces one."""
+    if isinstance(store, S3StoreRef):
+        import boto3
+        from conftest import s3_server
+        server = s3_server()
+        client = boto3.client("s3", endpoint_url=store.endpoint, region_name=store.region,
+                              aws_access_key_id=server["access_key"], aws_secret_access_key=server["secret_key"])
+        bucket, _, prefix = str(store)[len("s3://"):].partition("/")
+        prefix = prefix.rstrip("/") + "/"
+
+        def keys(part):
+            out = []
+            for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
+                out += [o["Key"][len(prefix):] for o in page.get("Contents", []) if f"/{part}/" in o["Key"]]
+            return sorted(out)
+
+        def put(key, data):
+            client.put_object(Bucket=bucket, Key=prefix + key, Body=data)
+    else:
+        root = Path(store)
+
+        def keys(part):
+            return sorted(str(p.relative_to(root)) for p in root.glob(f"containers/*/{part}/*"))
+
+        def put(key, data):
+            (root / key).write_bytes(data)
+    return {"keys": keys, "put": put}
+
+
+def test_a_new_device_starts_from_a_snapshot(make_device, store):
+    """Device A commits a history of small changes; once the journal has grown
+    by the interval, A writes a snapshot. Then every record up to it is
+    destroyed in the store: device B, mounting for the first time, can only
+    get the tree right by starting from the snapshot. Sync goes on both ways."""
+    env = {"UBIQUITYFS_SNAPSHOT_INTERVAL": "6"}
+    objects = store_objects(store)
+    a = new_device(make_device, "a", env=env)
+    (a.mountpoint / "docs").mkdir()
+    for i in range(10):
+        write(a.mountpoint / "docs" / f"f{i}.txt", f"version {i}\n".encode() * (i + 1))
+        if i % 3 == 1:
+            os.rename(a.mountpoint / "docs" / f"f{i - 1}.txt", a.mountpoint / f"moved{i}.txt")
+        if i % 4 == 2:
+            os.symlink(f"docs/f{i}.txt", a.mountpoint / f"link{i}")
+            os.setxattr(a.mountpoint / "docs" / f"f{i}.txt", "user.round", str(i).encode())
+        wait_pushed(a)
+    os.chmod(a.mountpoint / "docs", 0o750)
+    wait_pushed(a)
+
+    def snapshot_written():
+        snapshots = objects["keys"]("snapshots")
+        journal = objects["keys"]("journal")
+        assert snapshots, f"no snapshot in the store; journal: {journal}"
+        return snapshots[-1], journal
+
+    snapshot_key, journal = eventually(snapshot_written, 15, 0.3, "a writes a snapshot")
+    snapshot_seq = int(snapshot_key.rsplit("/", 1)[1])
+    assert snapshot_seq >= 6, snapshot_key
+    damaged = [k for k in journal if int(k.rsplit("/", 1)[1]) <= snapshot_seq]
+    assert len(damaged) == snapshot_seq, (damaged, snapshot_seq)
+    for key in damaged:
+        objects["put"](key, b"this record was lost")
+
+    b = new_device(make_device, "b", env=env)
+    eventually(digests_equal(a, b), what="b shows a's tree")
+    assert os.getxattr(b.mountpoint / "docs" / "f2.txt", "user.round") == b"2"
+    assert os.readlink(b.mountpoint / "link2") == "docs/f2.txt"
+    assert stat.S_IMODE(os.stat(b.mountpoint / "docs").st_mode) == 0o750
+    log = "\n".join(p.read_text(errors="replace") for p in Path(b.data_home).rglob("daemon.log"))
+    assert f"started from the snapshot of journal record {snapshot_seq}" in log, log[-2000:]
+    assert "quarantined" not in log, "b read a record the snapshot covers"
+
+    write(b.mountpoint / "docs" / "from-b.txt", b"written on b")
+    write(a.mountpoint / "from-a.txt", b"written on a")
+    eventually(content_is(a.mountpoint / "docs" / "from-b.txt", b"written on b"))
+    eventually(content_is(b.mountpoint / "from-a.txt", b"written on a"))
+    eventually(digests_equal(a, b))
