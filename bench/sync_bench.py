@@ -19,6 +19,10 @@ starts a SeaweedFS in the workdir for the run (Tests/servers/s3servers.py).
   query        `ubiquityfs query` with a name predicate and a sort over the
                100,000 items of the join tree, process start included,
                median of 7                                  goal <= 200 ms
+  history      a history of N one-file commits (as years of use leave a
+               journal): a new device joining from the snapshot that A
+               writes vs one replaying every record (snapshots off), time
+               until `ls` shows every file                  goal: snapshot join << replay
   watch        close() on device A until B's `query --watch` (throttle 0.2 s)
                reports the item, p50 / p99 over N files, with the join tree's
                100,000 items in the container               goal: propagation + throttle
@@ -65,9 +69,9 @@ DEVICES = []
 
 
 class Device:
-    def __init__(self, binary, base, name, store):
-        """store: a folder store's path or an S3Target."""
-        self.binary, self.name, self.store = binary, name, store
+    def __init__(self, binary, base, name, store, env=None):
+        """store: a folder store's path or an S3Target; env: more daemon environment."""
+        self.binary, self.name, self.store, self.extra_env = binary, name, store, dict(env or {})
         self.data = os.path.join(base, name, "data")
         self.mp = os.path.join(base, name, "mnt")
         os.makedirs(self.data)
@@ -78,6 +82,7 @@ class Device:
     def env(self):
         env = dict(os.environ)
         env["XDG_DATA_HOME"] = self.data
+        env.update(self.extra_env)
         return env
 
     def cli(self, *args, check=True):
@@ -219,6 +224,89 @@ def bench_join(binary, base, store, a, items):
             count += 1
     c.unmount()
     return {"items": items, "created_and_pushed_s": created, "mount_s": mounted, "ls_R_done_s": listed, "files_listed": count}
+
+
+class JournalWriter:
+    """Raw access to the default container's journal and snapshots, for
+    writing a long history straight into the store."""
+    CONTAINER = "com.ubiquityfs.default"
+
+    def __init__(self, store):
+        self.store = store
+        if isinstance(store, S3Target):
+            import boto3
+            self.s3 = boto3.client("s3", endpoint_url=store.endpoint, region_name=store.region)
+            self.bucket = store.bucket
+            self.prefix = f"{store.root}/store/containers/{self.CONTAINER.encode().hex()}/"
+        else:
+            self.dir = os.path.join(store, "containers", self.CONTAINER)
+
+    def keys(self, part):
+        if isinstance(self.store, S3Target):
+            out = []
+            for page in self.s3.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=self.prefix + part + "/"):
+                out += [o["Key"].rsplit("/", 1)[1] for o in page.get("Contents", [])]
+            return sorted(int(k) for k in out)
+        d = os.path.join(self.dir, part)
+        return sorted(int(n) for n in os.listdir(d)) if os.path.isdir(d) else []
+
+    def put_record(self, seq, record):
+        data = json.dumps(record, sort_keys=True).encode()
+        if isinstance(self.store, S3Target):
+            self.s3.put_object(Bucket=self.bucket, Key=f"{self.prefix}journal/{seq:016d}", Body=data, IfNoneMatch="*")
+        else:
+            fd = os.open(os.path.join(self.dir, "journal", f"{seq:016d}"), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+
+
+def bench_history(binary, base, store, a, records):
+    import concurrent.futures
+    import uuid
+    journal = JournalWriter(store)
+    a.wait_pushed()
+    head = max(journal.keys("journal") or [0])
+    now = time.time_ns()
+
+    def record(i):
+        node = str(uuid.uuid4())
+        return {"version": 1, "device": "bench-history", "deviceName": "history", "date": now + i, "changes": [
+            {"op": "node", "id": node, "kind": "file", "mode": 0o644, "uid": os.getuid(), "gid": os.getgid(), "size": 0,
+             "rdev": 0, "mtime": now + i, "ctime": now + i, "btime": now + i, "xattrs": {}, "base": 0},
+            {"op": "entry", "parent": "root", "name": f"h{i:06d}", "child": node}]}
+
+    t0 = time.perf_counter()
+    # In order, a few at a time: a device reads the journal up to its first gap.
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        for start in range(0, records, 256):
+            list(pool.map(lambda i: journal.put_record(head + 1 + i, record(i)), range(start, min(records, start + 256))))
+    written = time.perf_counter() - t0
+    last = head + records
+    deadline = time.time() + 600
+    while not any(s >= last for s in journal.keys("snapshots")):
+        if time.time() > deadline:
+            raise RuntimeError(f"no snapshot of record {last} within 600 s (snapshots: {journal.keys('snapshots')})")
+        time.sleep(0.5)
+
+    def join(name, env):
+        c = Device(binary, base, name, store, env)
+        t0 = time.perf_counter()
+        c.mount()
+        while True:
+            shown = sum(1 for n in os.listdir(c.mp) if n.startswith("h"))
+            if shown >= records:
+                break
+            if time.perf_counter() - t0 > 1800:
+                raise RuntimeError(f"{name}: {shown} of {records} files after 1800 s")
+            time.sleep(0.05)
+        elapsed = time.perf_counter() - t0
+        c.unmount()
+        return elapsed
+
+    snapshot_s = join("history-snapshot", {})
+    replay_s = join("history-replay", {"UBIQUITYFS_SNAPSHOT_INTERVAL": "0"})
+    return {"records": records, "written_s": written, "snapshot_seq": max(journal.keys("snapshots")),
+            "join_snapshot_s": snapshot_s, "join_replay_s": replay_s}
 
 
 def bench_placeholder(a, b, store, mib):
@@ -391,7 +479,7 @@ def main():
     ap.add_argument("--bin", default=None)
     ap.add_argument("--quick", action="store_true", help="small sizes")
     ap.add_argument("--workdir", default="/tmp/ubq-sync-bench")
-    ap.add_argument("--only", default="propagation,watch,push,placeholder,join,query")
+    ap.add_argument("--only", default="propagation,watch,push,placeholder,join,query,history")
     ap.add_argument("--json", default=None)
     ap.add_argument("--store", default=None, metavar="s3://BUCKET/PREFIX",
                     help="run against this S3 store: each run uses the fresh sub-prefix PREFIX/bench-<random>/ "
@@ -406,7 +494,7 @@ def main():
                     help="keep the workdir (replicas, daemon logs) and, with --store, the run's S3 prefix")
     args = ap.parse_args()
     only = args.only.split(",")
-    known = {"propagation", "watch", "push", "placeholder", "join", "query"}
+    known = {"propagation", "watch", "push", "placeholder", "join", "query", "history"}
     if not set(only) <= known:
         ap.error(f"--only takes {','.join(sorted(known))}")
     if args.s3_server and (args.store or args.endpoint):
@@ -417,7 +505,7 @@ def main():
         ap.error("--endpoint and --region go with --store s3://...")
     binary = args.bin or next(p for p in (os.path.join(REPO, ".build/release/ubiquityfs"),
                                           os.path.join(REPO, ".build/debug/ubiquityfs")) if os.path.exists(p))
-    edits, pushes, items, mib = (50, 1000, 10000, 256) if args.quick else (200, 10000, 100000, 1024)
+    edits, pushes, items, mib, history = (50, 1000, 10000, 256, 3000) if args.quick else (200, 10000, 100000, 1024, 20000)
     # SIGTERM ends the run like Ctrl-C: through the clean-up below.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     server_dir = os.path.join(os.path.realpath(args.workdir), "s3server")
@@ -483,6 +571,8 @@ def main():
                 errors["query"] = "not run: it needs the join tree, and join failed"
             else:
                 run("query", bench_query, a, items)
+        if "history" in only:
+            run("history", bench_history, binary, args.workdir, store, a, history)
         if "watch" in only:
             # After the join tree when it is there: each update batch re-runs the query over every item.
             run("watch", bench_watch, a, b, edits // 4)
@@ -547,6 +637,12 @@ def main():
         print(f"  new device joining {r['items']} items: mounted in {r['mount_s']:.1f} s, ls -R done after"
               f" {r['ls_R_done_s']:.1f} s ({r['files_listed']} files listed)   goal <= 10 s"
               f"  {'ok' if r['ls_R_done_s'] <= 10 and r['files_listed'] == r['items'] else 'MISS'}")
+    if "history" in results:
+        r = results["history"]
+        print(f"  new device joining a history of {r['records']:,} commits: from the snapshot of record {r['snapshot_seq']}"
+              f" {r['join_snapshot_s']:.1f} s, replaying every record {r['join_replay_s']:.1f} s"
+              f" ({r['join_replay_s'] / r['join_snapshot_s']:.1f}x)   goal: snapshot faster"
+              f"  {'ok' if r['join_snapshot_s'] < r['join_replay_s'] else 'MISS'}")
     if "watch" in results:
         r = results["watch"]
         goal = (results["propagation"]["p50"] + r["throttle_s"]) if "propagation" in results else None
