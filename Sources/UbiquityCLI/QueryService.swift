@@ -47,10 +47,12 @@ enum QueryService {
         set("path", .string(r.path))
         set("url", .string(URL(fileURLWithPath: r.path, isDirectory: r.isDirectory).absoluteString))
         set("size", .number(Double(r.size)))
-        if only?.contains("contentType") ?? true || only?.contains("mimeType") ?? true {
+        if only.map({ !$0.isDisjoint(with: ["contentType", "contentTypeTree", "mimeType"]) }) ?? true {
             let mime = r.isDirectory ? "inode/directory" : ContentTypes.shared.type(ofFileNamed: r.name)
+            let uti = UniformTypes.identifier(forMIMEType: mime)
             set("mimeType", .string(mime))
-            set("contentType", .string(UniformTypes.identifier(forMIMEType: mime)))
+            set("contentType", .string(uti))
+            set("contentTypeTree", .list(UniformTypes.tree(of: uti).map(MetadataValue.string)))
         }
         set("isDirectory", .bool(r.isDirectory))
         set("creationDate", .date(seconds(r.created)))
@@ -82,17 +84,18 @@ enum QueryService {
     }
 
     static func json(_ item: MetadataItem) -> [String: Any] {
-        var out: [String: Any] = [:]
-        for (key, value) in item.values {
-            switch value {
-            case .string(let s): out[key] = s
-            case .number(let n): out[key] = n == n.rounded() && abs(n) < 1e15 ? Int(n) as Any : n
-            case .bool(let b): out[key] = b
-            case .date(let d): out[key] = isoDate( Date(timeIntervalSince1970: d))
-            case .null: out[key] = NSNull()
-            }
+        item.values.mapValues(jsonObject)
+    }
+
+    static func jsonObject(_ value: MetadataValue) -> Any {
+        switch value {
+        case .string(let s): s
+        case .number(let n): n == n.rounded() && abs(n) < 1e15 ? Int(n) as Any : n
+        case .bool(let b): b
+        case .date(let d): isoDate(Date(timeIntervalSince1970: d))
+        case .list(let elements): elements.map(jsonObject)
+        case .null: NSNull()
         }
-        return out
     }
 
     /// `{"event":"…","item":{…}}` with the item's keys sorted.
@@ -102,16 +105,20 @@ enum QueryService {
         for key in item.values.keys.sorted() {
             if !first { out += "," }
             first = false
-            out += jsonString(key) + ":"
-            switch item.values[key]! {
-            case .string(let s): out += jsonString(s)
-            case .number(let n): out += n == n.rounded() && abs(n) < 1e15 ? String(Int64(n)) : String(n)
-            case .bool(let b): out += b ? "true" : "false"
-            case .date(let d): out += "\"" + isoDate(Date(timeIntervalSince1970: d)) + "\""
-            case .null: out += "null"
-            }
+            out += jsonString(key) + ":" + jsonText(item.values[key]!)
         }
         return out + "}}"
+    }
+
+    static func jsonText(_ value: MetadataValue) -> String {
+        switch value {
+        case .string(let s): jsonString(s)
+        case .number(let n): n == n.rounded() && abs(n) < 1e15 ? String(Int64(n)) : String(n)
+        case .bool(let b): b ? "true" : "false"
+        case .date(let d): "\"" + isoDate(Date(timeIntervalSince1970: d)) + "\""
+        case .list(let elements): "[" + elements.map(jsonText).joined(separator: ",") + "]"
+        case .null: "null"
+        }
     }
 
     /// A JSON string literal (RFC 8259 escapes).
