@@ -33,48 +33,63 @@ enum QueryService {
         Double(t.sec) + min(Double(t.nsec) / 1e9, 0.999_999)
     }
 
-    /// The item's attributes; with `only`, just those (a query first tests
-    /// its predicate on what it reads, then builds whole items for the matches:
-    /// over 100,000 items, the content type and the dictionaries are most of the cost).
-    static func metadata(_ r: ItemRecord, only: Set<String>? = nil) -> MetadataItem {
-        let s = r.status
-        var v: [String: MetadataValue] = [:]
-        func set(_ key: String, _ value: @autoclosure () -> MetadataValue) {
-            if only?.contains(key) ?? true { v[key] = value() }
+    /// Builds an item's attributes: every one, or those a predicate reads (a
+    /// query first tests its predicate on what it reads, then builds whole
+    /// items for the matches). The choice is made once per query: looking the
+    /// names up per item and key cost more than the predicate over 100,000 items.
+    struct MetadataBuilder: Sendable {
+        typealias Part = (keys: Set<String>, add: @Sendable (ItemRecord, inout [String: MetadataValue]) -> Void)
+        private let parts: [Part]
+
+        static let everything = MetadataBuilder(only: nil)
+
+        init(only: Set<String>?) {
+            parts = Self.allParts.filter { part in only.map { !$0.isDisjoint(with: part.keys) } ?? true }
         }
-        set("name", .string(r.name))
-        set("displayName", .string(r.name))
-        set("path", .string(r.path))
-        set("url", .string(URL(fileURLWithPath: r.path, isDirectory: r.isDirectory).absoluteString))
-        set("size", .number(Double(r.size)))
-        if only?.contains("contentType") ?? true || only?.contains("mimeType") ?? true {
-            let mime = r.isDirectory ? "inode/directory" : ContentTypes.shared.type(ofFileNamed: r.name)
-            set("mimeType", .string(mime))
-            set("contentType", .string(UniformTypes.identifier(forMIMEType: mime)))
+
+        func item(_ r: ItemRecord) -> MetadataItem {
+            var values: [String: MetadataValue] = [:]
+            values.reserveCapacity(parts.count + 2)
+            for part in parts { part.add(r, &values) }
+            return MetadataItem(values: values)
         }
-        set("isDirectory", .bool(r.isDirectory))
-        set("creationDate", .date(seconds(r.created)))
-        set("modificationDate", .date(seconds(r.modified)))
-        set("downloadingStatus", .string(s.downloadingStatus))
-        set("isDownloading", .bool(s.isDownloading))
-        set("percentDownloaded", .number(Double(s.percentDownloaded)))
-        set("isUploaded", .bool(s.isUploaded))
-        set("isUploading", .bool(s.isUploading))
-        set("percentUploaded", .number(s.isUploaded ? 100 : 0))
-        set("hasUnresolvedConflicts", .bool(s.hasUnresolvedConflicts))
-        set("pinned", .bool(s.pinned))
-        set("downloadingError", s.downloadingError.map(MetadataValue.string) ?? .null)
-        set("uploadingError", s.uploadingError.map(MetadataValue.string) ?? .null)
-        return MetadataItem(values: v)
+
+        private static let allParts: [Part] = [
+            (["name"], { r, v in v["name"] = .string(r.name) }),
+            (["displayName"], { r, v in v["displayName"] = .string(r.name) }),
+            (["path"], { r, v in v["path"] = .string(r.path) }),
+            (["url"], { r, v in v["url"] = .string(URL(fileURLWithPath: r.path, isDirectory: r.isDirectory).absoluteString) }),
+            (["size"], { r, v in v["size"] = .number(Double(r.size)) }),
+            (["contentType", "contentTypeTree", "mimeType"], { r, v in
+                let mime = r.isDirectory ? "inode/directory" : ContentTypes.shared.type(ofFileNamed: r.name)
+                let uti = UniformTypes.identifier(forMIMEType: mime)
+                v["mimeType"] = .string(mime)
+                v["contentType"] = .string(uti)
+                v["contentTypeTree"] = .list(UniformTypes.tree(of: uti).map(MetadataValue.string))
+            }),
+            (["isDirectory"], { r, v in v["isDirectory"] = .bool(r.isDirectory) }),
+            (["creationDate"], { r, v in v["creationDate"] = .date(seconds(r.created)) }),
+            (["modificationDate"], { r, v in v["modificationDate"] = .date(seconds(r.modified)) }),
+            (["downloadingStatus"], { r, v in v["downloadingStatus"] = .string(r.status.downloadingStatus) }),
+            (["isDownloading"], { r, v in v["isDownloading"] = .bool(r.status.isDownloading) }),
+            (["percentDownloaded"], { r, v in v["percentDownloaded"] = .number(Double(r.status.percentDownloaded)) }),
+            (["isUploaded"], { r, v in v["isUploaded"] = .bool(r.status.isUploaded) }),
+            (["isUploading"], { r, v in v["isUploading"] = .bool(r.status.isUploading) }),
+            (["percentUploaded"], { r, v in v["percentUploaded"] = .number(r.status.isUploaded ? 100 : 0) }),
+            (["hasUnresolvedConflicts"], { r, v in v["hasUnresolvedConflicts"] = .bool(r.status.hasUnresolvedConflicts) }),
+            (["pinned"], { r, v in v["pinned"] = .bool(r.status.pinned) }),
+            (["downloadingError"], { r, v in v["downloadingError"] = r.status.downloadingError.map(MetadataValue.string) ?? .null }),
+            (["uploadingError"], { r, v in v["uploadingError"] = r.status.uploadingError.map(MetadataValue.string) ?? .null }),
+        ]
     }
 
     /// The matching items, sorted, keyed by inode (for watch diffs).
     static func run(_ query: Query, scopes: [Scope], records: [ItemRecord]) -> [(UInt64, MetadataItem)] {
-        let needed = query.predicateAttributes
+        let filter = MetadataBuilder(only: query.predicateAttributes)
         var byItem: [MetadataItem: UInt64] = [:]
         var matching: [MetadataItem] = []
-        for record in records where inScopes(record.path, scopes) && query.matches(metadata(record, only: needed)) {
-            let item = metadata(record)
+        for record in records where inScopes(record.path, scopes) && query.matches(filter.item(record)) {
+            let item = MetadataBuilder.everything.item(record)
             matching.append(item)
             byItem[item] = record.ino
         }
@@ -82,17 +97,18 @@ enum QueryService {
     }
 
     static func json(_ item: MetadataItem) -> [String: Any] {
-        var out: [String: Any] = [:]
-        for (key, value) in item.values {
-            switch value {
-            case .string(let s): out[key] = s
-            case .number(let n): out[key] = n == n.rounded() && abs(n) < 1e15 ? Int(n) as Any : n
-            case .bool(let b): out[key] = b
-            case .date(let d): out[key] = isoDate( Date(timeIntervalSince1970: d))
-            case .null: out[key] = NSNull()
-            }
+        item.values.mapValues(jsonObject)
+    }
+
+    static func jsonObject(_ value: MetadataValue) -> Any {
+        switch value {
+        case .string(let s): s
+        case .number(let n): n == n.rounded() && abs(n) < 1e15 ? Int(n) as Any : n
+        case .bool(let b): b
+        case .date(let d): isoDate(Date(timeIntervalSince1970: d))
+        case .list(let elements): elements.map(jsonObject)
+        case .null: NSNull()
         }
-        return out
     }
 
     /// `{"event":"…","item":{…}}` with the item's keys sorted.
@@ -102,16 +118,20 @@ enum QueryService {
         for key in item.values.keys.sorted() {
             if !first { out += "," }
             first = false
-            out += jsonString(key) + ":"
-            switch item.values[key]! {
-            case .string(let s): out += jsonString(s)
-            case .number(let n): out += n == n.rounded() && abs(n) < 1e15 ? String(Int64(n)) : String(n)
-            case .bool(let b): out += b ? "true" : "false"
-            case .date(let d): out += "\"" + isoDate(Date(timeIntervalSince1970: d)) + "\""
-            case .null: out += "null"
-            }
+            out += jsonString(key) + ":" + jsonText(item.values[key]!)
         }
         return out + "}}"
+    }
+
+    static func jsonText(_ value: MetadataValue) -> String {
+        switch value {
+        case .string(let s): jsonString(s)
+        case .number(let n): n == n.rounded() && abs(n) < 1e15 ? String(Int64(n)) : String(n)
+        case .bool(let b): b ? "true" : "false"
+        case .date(let d): "\"" + isoDate(Date(timeIntervalSince1970: d)) + "\""
+        case .list(let elements): "[" + elements.map(jsonText).joined(separator: ",") + "]"
+        case .null: "null"
+        }
     }
 
     /// A JSON string literal (RFC 8259 escapes).
@@ -164,7 +184,7 @@ enum QueryService {
         let throttle = min(3600, max(0.05, req["throttle"] as? Double ?? 1))
         var current = Dictionary(results, uniquingKeysWith: { a, _ in a })
         results = []
-        let predicateAttributes = query.predicateAttributes
+        let filter = MetadataBuilder(only: query.predicateAttributes)
         func generation() -> [UInt64] { ((try? sources()) ?? []).map { $0.key &* 1_000_003 &+ $0.engine.changeGeneration } }
         var seen = generation()
         var lastBeat = Date()
@@ -207,8 +227,8 @@ enum QueryService {
                     for var record in source.engine.items(inos) where inScopes(record.path, source.scopes) {
                         record.path = source.rewrite(record.path)
                         record.ino = source.key << 48 | record.ino
-                        if updated[record.ino] == nil, query.matches(metadata(record, only: predicateAttributes)) {
-                            updated[record.ino] = metadata(record)
+                        if updated[record.ino] == nil, query.matches(filter.item(record)) {
+                            updated[record.ino] = MetadataBuilder.everything.item(record)
                         }
                     }
                 }

@@ -1,6 +1,9 @@
 import Foundation
 
 typealias ItemMatcher = @Sendable (MetadataItem) -> Bool
+/// A test of one value: an attribute's, a key path's, or one element of a
+/// collection's; nil is no value.
+typealias ValueTest = @Sendable (MetadataValue?) -> Bool
 
 /// Turns a checked predicate into a tree of closures; literals are folded,
 /// patterns compiled and sets built once, here.
@@ -12,6 +15,14 @@ typealias ItemMatcher = @Sendable (MetadataItem) -> Bool
 /// Dates compare at whole-second resolution (both sides rounded down).
 /// A string `==` whose literal holds `*` or `?` is a wildcard match, as LIKE
 /// (Spotlight's rule; `NSMetadataItemFSNameKey == '*'` matches every item).
+///
+/// Collections (`contentTypeTree`, `path.pathComponents`): the comparison is
+/// made on each element. `ANY` holds when it holds for some element, `ALL` for
+/// every element (so for none of an empty collection), `NONE` for no element.
+/// Without a quantifier a collection compares as Spotlight compares
+/// multi-valued attributes: as `ANY`, except that `!=` stays the negation of
+/// `==` (`NONE … ==`), and `== nil` / `!= nil` ask whether there is a collection
+/// at all. A missing collection has no elements.
 enum Compiler {
     static func compile(_ predicate: Predicate) -> ItemMatcher {
         switch predicate {
@@ -32,50 +43,126 @@ enum Compiler {
     }
 
     static func compile(_ c: Comparison) -> ItemMatcher {
-        if let keyPath = c.attribute.keyPath {
-            // The derived value, compared as an attribute of its own.
-            var plain = c
-            plain.attribute = Attribute(name: c.attribute.spelled, type: c.attribute.type)
-            let inner = compile(plain)
-            let source = c.attribute.name, derived = plain.attribute.name
-            return { item in
-                guard case .string(let s)? = item.values[source] else { return inner(MetadataItem()) }
-                switch keyPath {
-                case .pathComponentsCount:
-                    let count = s.split(separator: "/").count + (s.hasPrefix("/") ? 1 : 0)
-                    return inner(MetadataItem(values: [derived: .number(Double(count))]))
-                }
+        let key = c.attribute.name
+        let test = c.attribute.isCollection ? collectionTest(c) : valueTest(c)
+        guard let derive = derivation(c.attribute.keyPath) else {
+            return { test($0.values[key]) }
+        }
+        return { test(derive($0.values[key])) }
+    }
+
+    // MARK: Key paths and collections
+
+    /// The value a key path derives from its attribute's, or nil for no key path.
+    static func derivation(_ steps: [Attribute.KeyPathStep]) -> (@Sendable (MetadataValue?) -> MetadataValue?)? {
+        switch steps {
+        case []:
+            return nil
+        case [.pathComponents, .count]:
+            // The depth filter of the iCloud samples, counted without building the list.
+            return { value in
+                guard case .string(let path)? = value else { return nil }
+                return .number(Double(pathComponentCount(path)))
+            }
+        default:
+            return { value in steps.reduce(value) { value, step in apply(step, to: value) } }
+        }
+    }
+
+    private static func apply(_ step: Attribute.KeyPathStep, to value: MetadataValue?) -> MetadataValue? {
+        switch (step, value) {
+        case (.pathComponents, .string(let path)?):
+            return .list(pathComponents(path).map(MetadataValue.string))
+        case (.count, .list(let elements)?):
+            return .number(Double(elements.count))
+        default:
+            return nil
+        }
+    }
+
+    /// NSString's `pathComponents`: the components between slashes, with a
+    /// leading "/" as a component of its own ("/a/b" is "/", "a", "b").
+    static func pathComponents(_ path: String) -> [String] {
+        (path.hasPrefix("/") ? ["/"] : []) + path.split(separator: "/").map(String.init)
+    }
+
+    static func pathComponentCount(_ path: String) -> Int {
+        var count = 0
+        var inComponent = false
+        for byte in path.utf8 {
+            if byte == UInt8(ascii: "/") {
+                inComponent = false
+            } else if !inComponent {
+                inComponent = true
+                count += 1
             }
         }
-        let key = c.attribute.name
+        return count + (path.utf8.first == UInt8(ascii: "/") ? 1 : 0)
+    }
+
+    /// A comparison on a collection: on its elements, quantified.
+    private static func collectionTest(_ c: Comparison) -> ValueTest {
+        var onElement = c
+        let quantifier: Quantifier
+        if let explicit = c.quantifier {
+            quantifier = explicit
+        } else if c.values == [.null], c.op == .equal || c.op == .notEqual {
+            return valueTest(c)  // whether there is a collection at all
+        } else if c.op == .notEqual {
+            onElement.op = .equal
+            quantifier = .noElement
+        } else {
+            quantifier = .any
+        }
+        let test = valueTest(onElement)
+        switch quantifier {
+        case .any:
+            return { value in elements(value).contains { test($0) } }
+        case .all:
+            return { value in elements(value).allSatisfy { test($0) } }
+        case .noElement:
+            return { value in !elements(value).contains { test($0) } }
+        }
+    }
+
+    @inline(__always)
+    private static func elements(_ value: MetadataValue?) -> [MetadataValue] {
+        if case .list(let elements)? = value { return elements }
+        return []
+    }
+
+    // MARK: Single values
+
+    /// The comparison as a test of one value (the attribute's type, or no value).
+    private static func valueTest(_ c: Comparison) -> ValueTest {
         if c.values.count == 1, c.value == .null {
             switch c.op {
-            case .equal: return { isNull($0.values[key]) }
-            case .notEqual: return { !isNull($0.values[key]) }
+            case .equal: return { isNull($0) }
+            case .notEqual: return { !isNull($0) }
             default: return { _ in false }
             }
         }
         switch c.attribute.type {
         case .string:
-            return compileString(c)
+            return stringTest(c)
         case .number:
             let values = c.values.map { if case .number(let n) = $0 { n } else { Double.nan } }
-            return ordered(c.op, values) { item -> Double? in
-                if case .number(let n)? = item.values[key] { return n }
+            return ordered(c.op, values) { value -> Double? in
+                if case .number(let n)? = value { return n }
                 return nil
             }
         case .date:
             let values = c.values.map { if case .date(let d) = $0 { d.rounded(.down) } else { Double.nan } }
-            return ordered(c.op, values) { item -> Double? in
-                switch item.values[key] {
+            return ordered(c.op, values) { value -> Double? in
+                switch value {
                 case .date(let d)?, .number(let d)?: d.rounded(.down)
                 default: nil
                 }
             }
         case .bool:
             let values = c.values.map { if case .bool(let b) = $0 { b } else { false } }
-            let extract: @Sendable (MetadataItem) -> Bool? = { item in
-                switch item.values[key] {
+            let extract: @Sendable (MetadataValue?) -> Bool? = { value in
+                switch value {
                 case .bool(let b)?: b
                 case .number(let n)?: n != 0
                 default: nil
@@ -90,8 +177,8 @@ enum Compiler {
                 return { extract($0) != value }
             default:  // IN
                 let hasTrue = values.contains(true), hasFalse = values.contains(false)
-                return { item in
-                    guard let b = extract(item) else { return false }
+                return { value in
+                    guard let b = extract(value) else { return false }
                     return b ? hasTrue : hasFalse
                 }
             }
@@ -106,15 +193,14 @@ enum Compiler {
         }
     }
 
-    private static func compileString(_ c: Comparison) -> ItemMatcher {
-        let key = c.attribute.name
+    private static func stringTest(_ c: Comparison) -> ValueTest {
         let literals = c.values.map { if case .string(let s) = $0 { s } else { "" } }
         // Spotlight's `==` on a string with `*` or `?` is a wildcard match, as LIKE.
         if c.op == .equal || c.op == .notEqual, literals[0].contains(where: { $0 == "*" || $0 == "?" }) {
             let pattern = WildcardPattern(like: literals[0], options: c.options)
             let negate = c.op == .notEqual
-            return { item in
-                guard case .string(let s)? = item.values[key] else { return negate }
+            return { value in
+                guard case .string(let s)? = value else { return negate }
                 return pattern.matches(s) != negate
             }
         }
@@ -122,8 +208,8 @@ enum Compiler {
             // Checked by the parser.
             guard let regex = RegularExpression.make(literals[0], options: c.options) else { return { _ in false } }
             let diacritics = StringFolder(options: c.options.intersection(.diacriticInsensitive))
-            return { item in
-                guard case .string(let s)? = item.values[key] else { return false }
+            return { value in
+                guard case .string(let s)? = value else { return false }
                 return regex.matches(diacritics.fold(s))
             }
         }
@@ -131,29 +217,29 @@ enum Compiler {
             let pattern = c.op == .like
                 ? WildcardPattern(like: literals[0], options: c.options)
                 : WildcardPattern(c.op, literal: literals[0], options: c.options)
-            return { item in
-                guard case .string(let s)? = item.values[key] else { return false }
+            return { value in
+                guard case .string(let s)? = value else { return false }
                 return pattern.matches(s)
             }
         }
         let folder = StringFolder(options: c.options)
         let folded = literals.map(folder.fold)
         if folder.isIdentity {
-            return ordered(c.op, folded) { item -> String? in
-                if case .string(let s)? = item.values[key] { return s }
+            return ordered(c.op, folded) { value -> String? in
+                if case .string(let s)? = value { return s }
                 return nil
             }
         }
-        return ordered(c.op, folded) { item -> String? in
-            if case .string(let s)? = item.values[key] { return folder.fold(s) }
+        return ordered(c.op, folded) { value -> String? in
+            if case .string(let s)? = value { return folder.fold(s) }
             return nil
         }
     }
 
     /// ==, !=, <, <=, >, >=, IN and BETWEEN on comparable values.
     private static func ordered<T: Comparable & Hashable & Sendable>(
-        _ op: ComparisonOperator, _ values: [T], _ extract: @escaping @Sendable (MetadataItem) -> T?
-    ) -> ItemMatcher {
+        _ op: ComparisonOperator, _ values: [T], _ extract: @escaping @Sendable (MetadataValue?) -> T?
+    ) -> ValueTest {
         switch op {
         case .equal:
             let value = values[0]
@@ -163,22 +249,22 @@ enum Compiler {
             return { extract($0) != value }
         case .less:
             let value = values[0]
-            return { item in extract(item).map { $0 < value } ?? false }
+            return { subject in extract(subject).map { $0 < value } ?? false }
         case .lessOrEqual:
             let value = values[0]
-            return { item in extract(item).map { $0 <= value } ?? false }
+            return { subject in extract(subject).map { $0 <= value } ?? false }
         case .greater:
             let value = values[0]
-            return { item in extract(item).map { $0 > value } ?? false }
+            return { subject in extract(subject).map { $0 > value } ?? false }
         case .greaterOrEqual:
             let value = values[0]
-            return { item in extract(item).map { $0 >= value } ?? false }
+            return { subject in extract(subject).map { $0 >= value } ?? false }
         case .in:
             let set = Set(values)
-            return { item in extract(item).map { set.contains($0) } ?? false }
+            return { value in extract(value).map { set.contains($0) } ?? false }
         case .between:
             let low = values[0], high = values[1]
-            return { item in extract(item).map { low <= $0 && $0 <= high } ?? false }
+            return { value in extract(value).map { low <= $0 && $0 <= high } ?? false }
         case .like, .beginsWith, .endsWith, .contains, .matches:
             return { _ in false }  // rejected by the parser for non-strings
         }

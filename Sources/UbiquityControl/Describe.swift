@@ -31,7 +31,8 @@ extension Comparison: CustomStringConvertible {
         let right = op == .in || op == .between
             ? "{" + values.map(\.description).joined(separator: ", ") + "}"
             : value.description
-        return "\(attribute.spelled) \(op.rawValue)\(modifier) \(right)"
+        let quantified = quantifier.map { "\($0.rawValue) " } ?? ""
+        return "\(quantified)\(attribute.spelled) \(op.rawValue)\(modifier) \(right)"
     }
 }
 

@@ -11,6 +11,8 @@ public enum MetadataValue: Sendable, Hashable {
     case bool(Bool)
     /// Seconds since 1970-01-01T00:00:00Z.
     case date(Double)
+    /// A collection attribute's values (`contentTypeTree`), in order.
+    case list([MetadataValue])
     case null
 }
 
@@ -43,22 +45,44 @@ enum AttributeType: String, Sendable, Equatable {
     }
 }
 
-/// A known attribute: its short name and type; with a key path, a value
-/// derived from the attribute's (`path.pathComponents.@count`, a number).
+/// A known attribute: its short name, its type (for a collection, its
+/// elements' type), and a key path that derives another value from it.
 struct Attribute: Sendable, Equatable {
     var name: String
     var type: AttributeType
-    var keyPath: KeyPath? = nil
+    /// Whether the value is a collection (`contentTypeTree`, `path.pathComponents`):
+    /// the attribute `ANY`, `ALL` and `NONE` apply to.
+    var isCollection = false
+    /// The key path after the name, applied in order.
+    var keyPath: [KeyPathStep] = []
 
-    /// The key paths the query knows.
-    enum KeyPath: String, Sendable, Equatable {
-        /// The number of components of a path, as NSString's `pathComponents`
-        /// counts them: "/a/b" is ["/", "a", "b"], 3.
-        case pathComponentsCount = ".pathComponents.@count"
+    /// One step of a key path.
+    enum KeyPathStep: String, Sendable, Equatable, CaseIterable {
+        /// A path's components, as NSString's `pathComponents` gives them:
+        /// "/a/b" is ["/", "a", "b"]. Only on `path`.
+        case pathComponents
+        /// The number of elements of a collection.
+        case count = "@count"
     }
 
     /// As written in a canonical predicate.
-    var spelled: String { name + (keyPath?.rawValue ?? "") }
+    var spelled: String { ([name] + keyPath.map(\.rawValue)).joined(separator: ".") }
+
+    /// The attribute with one more step of key path, or nil if the step does not apply.
+    func appending(_ step: KeyPathStep) -> Attribute? {
+        var derived = self
+        derived.keyPath.append(step)
+        switch step {
+        case .pathComponents:
+            guard name == "path", keyPath.isEmpty else { return nil }
+            derived.isCollection = true
+        case .count:
+            guard isCollection else { return nil }
+            derived.type = .number
+            derived.isCollection = false
+        }
+        return derived
+    }
 }
 
 enum Attributes {
@@ -70,6 +94,7 @@ enum Attributes {
         Attribute(name: "url", type: .string),
         Attribute(name: "size", type: .number),
         Attribute(name: "contentType", type: .string),
+        Attribute(name: "contentTypeTree", type: .string, isCollection: true),
         Attribute(name: "mimeType", type: .string),
         Attribute(name: "isDirectory", type: .bool),
         Attribute(name: "creationDate", type: .date),
@@ -99,6 +124,8 @@ enum Attributes {
         "kMDItemFSSize": "size",
         "NSMetadataItemContentTypeKey": "contentType",
         "kMDItemContentType": "contentType",
+        "NSMetadataItemContentTypeTreeKey": "contentTypeTree",
+        "kMDItemContentTypeTree": "contentTypeTree",
         "NSMetadataItemFSCreationDateKey": "creationDate",
         "kMDItemFSCreationDate": "creationDate",
         "NSMetadataItemFSContentChangeDateKey": "modificationDate",
@@ -130,17 +157,24 @@ enum Attributes {
         return table
     }()
 
-    /// The attribute a name or alias stands for (case-insensitive), with a
-    /// key path the query knows after it, or nil.
+    /// The attribute a name or alias stands for (case-insensitive), followed by
+    /// a key path the query knows (`path.pathComponents`, `….@count` on a
+    /// collection), or nil.
     static func lookup(_ name: String) -> Attribute? {
-        guard let dot = name.firstIndex(of: ".") else { return byLowercasedName[name.lowercased()] }
-        guard var attribute = byLowercasedName[name[..<dot].lowercased()], attribute.name == "path",
-              name[dot...].lowercased() == Attribute.KeyPath.pathComponentsCount.rawValue.lowercased()
-        else { return nil }
-        attribute.type = .number
-        attribute.keyPath = .pathComponentsCount
+        var parts = name.split(separator: ".", omittingEmptySubsequences: false)
+        guard var attribute = byLowercasedName[parts.removeFirst().lowercased()] else { return nil }
+        for part in parts {
+            let lowercased = part.lowercased()
+            guard let step = Attribute.KeyPathStep.allCases.first(where: { $0.rawValue.lowercased() == lowercased }),
+                  let derived = attribute.appending(step)
+            else { return nil }
+            attribute = derived
+        }
         return attribute
     }
+
+    /// The collection attributes and key paths, as messages name them.
+    static let collectionsDescription = "contentTypeTree and path.pathComponents"
 }
 
 extension Query {

@@ -6,9 +6,12 @@
 ///     and        := not (("AND" | "&&") not)*
 ///     not        := ("NOT" | "!") not | primary
 ///     primary    := "(" predicate ")" | "TRUEPREDICATE" | "FALSEPREDICATE" | comparison
-///     attribute  := name ("." "pathComponents" "." "@count")?     (one token; only on path)
-///     comparison := attribute operator modifier? operand
+///     attribute  := name ("." "pathComponents")? ("." "@count")?  (one token; pathComponents
+///                                                                 only on path, @count on collections)
+///     comparison := quantifier? attribute operator modifier? operand   (a quantifier needs a collection)
 ///                 | value ("==" | "!=" | "<" | "<=" | ">" | ">=") modifier? attribute
+///                 | value "IN" modifier? attribute                 (a collection, or a string: CONTAINS)
+///     quantifier := "ANY" | "SOME" | "ALL" | "NONE"
 ///     operand    := value | "{" (value ("," value)*)? "}"        (aggregates after IN / BETWEEN)
 ///     value      := string | number | YES | NO | TRUE | FALSE | NIL | NULL | constant
 ///                 | CAST(string | number, "NSDate") | DATE(string | number)
@@ -167,6 +170,25 @@ struct Parser {
 
     private mutating func parseComparison() throws(QueryError) -> Comparison {
         let first = current
+        if let quantifier = quantifier(first) {
+            _ = advance()
+            let nameToken = current
+            guard case .identifier(let name) = nameToken.kind, keyword(nameToken) == nil, Attributes.constants[name] == nil else {
+                throw QueryError(.syntax, "expected a collection attribute after \(first.quoted), found \(nameToken.quoted)",
+                                 column: column(of: nameToken))
+            }
+            _ = advance()
+            guard let attribute = Attributes.lookup(name) else {
+                throw QueryError(.name, "unknown attribute '\(name)'", column: nameToken.column)
+            }
+            guard attribute.isCollection else {
+                throw QueryError(.type, "\(first.quoted) needs a collection (\(Attributes.collectionsDescription)), "
+                                 + "but '\(attribute.spelled)' is \(attribute.type.article)", column: first.column)
+            }
+            var comparison = try parseRest(of: attribute, named: nameToken)
+            comparison.quantifier = quantifier
+            return comparison
+        }
         if case .identifier(let name) = first.kind, keyword(first) == nil, Attributes.constants[name] == nil {
             _ = advance()
             guard let attribute = Attributes.lookup(name) else {
@@ -179,6 +201,16 @@ struct Parser {
         }
         let what = first.kind == .end ? "expected a comparison after \(previousQuoted)" : "expected an attribute name, found \(first.quoted)"
         throw QueryError(.syntax, what, column: column(of: first))
+    }
+
+    /// `ANY`, `SOME` (the same), `ALL`, `NONE`.
+    private func quantifier(_ token: Token) -> Quantifier? {
+        switch keyword(token) {
+        case "ANY", "SOME": .any
+        case "ALL": .all
+        case "NONE": .noElement
+        default: nil
+        }
     }
 
     private var previousQuoted: String {
@@ -238,7 +270,9 @@ struct Parser {
         return Comparison(attribute: attribute, op: op, options: options, values: values)
     }
 
-    /// `value OP attribute`, turned around to `attribute OP' value`.
+    /// `value OP attribute`, turned around to `attribute OP' value`;
+    /// `value IN collection` is `ANY collection == value`, and `value IN string`
+    /// is `string CONTAINS value` (NSPredicate's reading of IN with a string).
     private mutating func parseReversed() throws(QueryError) -> Comparison {
         let valueToken = current
         let value = try parseValue(after: valueToken)
@@ -246,14 +280,14 @@ struct Parser {
         guard let op = try comparisonOperator(opToken) else {
             throw QueryError(.syntax, "expected a comparison operator after the value, found \(opToken.quoted)", column: column(of: opToken))
         }
-        guard let swapped = op.swapped else {
+        guard op.swapped != nil || op == .in else {
             throw QueryError(.syntax, "\(op.rawValue) needs the attribute on its left", column: opToken.column)
         }
         _ = advance()
         let (options, modifierToken) = try parseModifier()
         let nameToken = current
         guard case .identifier(let name) = nameToken.kind, keyword(nameToken) == nil else {
-            if startsValue(nameToken) {
+            if startsValue(nameToken) || isSymbol(nameToken, "{") {
                 throw QueryError(.syntax, "a comparison needs an attribute on one side", column: nameToken.column)
             }
             throw QueryError(.syntax, "expected an attribute name after \((modifierToken ?? opToken).quoted), found \(nameToken.quoted)",
@@ -263,9 +297,23 @@ struct Parser {
         guard let attribute = Attributes.lookup(name) else {
             throw QueryError(.name, "unknown attribute '\(name)'", column: nameToken.column)
         }
+        let swapped: ComparisonOperator
+        var quantifier: Quantifier?
+        if let reversed = op.swapped {
+            swapped = reversed
+        } else if value == .null {  // IN
+            throw QueryError(.type, "nil cannot be IN a collection or a string", column: valueToken.column)
+        } else if attribute.isCollection {
+            (swapped, quantifier) = (.equal, .any)
+        } else if attribute.type == .string {
+            swapped = .contains
+        } else {
+            throw QueryError(.type, "IN needs a collection or a string on its right, but '\(attribute.spelled)' is \(attribute.type.article)",
+                             column: opToken.column)
+        }
         try checkOperator(swapped, opToken: opToken, on: attribute, options: options, modifierToken: modifierToken)
         let checked = try check(value, at: valueToken, for: attribute)
-        return Comparison(attribute: attribute, op: swapped, options: options, values: [checked])
+        return Comparison(attribute: attribute, op: swapped, options: options, values: [checked], quantifier: quantifier)
     }
 
     private func comparisonOperator(_ token: Token) throws(QueryError) -> ComparisonOperator? {

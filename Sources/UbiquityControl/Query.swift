@@ -21,8 +21,11 @@ import Foundation
 ///   `CAST("…ISO 8601…", "NSDate")`, `CAST(seconds since 1970, "NSDate")`;
 ///   `NSMetadataUbiquitousItemDownloadingStatusCurrent` / `…Downloaded` / `…NotDownloaded`.
 /// - attributes: `Query.attributeNames` and their iCloud / Spotlight aliases (`canonicalName`),
-///   and the key path `path.pathComponents.@count`.
+///   and the key paths `path.pathComponents` and `@count` of a collection.
 ///   Each has a type (string, number, bool, date) checked against operator and value when parsing.
+/// - collections (`contentTypeTree`, `path.pathComponents`): `ANY`/`SOME`, `ALL`, `NONE`
+///   before the attribute; without one, a comparison holds if it holds for some element
+///   (Spotlight), `!=` being the negation of `==`. `value IN collection` is `ANY collection == value`.
 public struct Query: Sendable {
     /// One key of the sort order.
     public struct SortKey: Sendable, Hashable {
@@ -107,8 +110,11 @@ public struct Query: Sendable {
             guard !name.isEmpty else {
                 throw QueryError(.syntax, "expected a sort key", column: nameColumn)
             }
-            guard let attribute = Attributes.lookup(String(name)), attribute.keyPath == nil else {
+            guard let attribute = Attributes.lookup(String(name)), attribute.keyPath.isEmpty else {
                 throw QueryError(.name, "unknown sort key '\(name)'", column: nameColumn)
+            }
+            guard !attribute.isCollection else {
+                throw QueryError(.type, "'\(attribute.name)' is a collection and cannot be a sort key", column: nameColumn)
             }
             keys.append(SortKey(attribute: attribute.name, ascending: ascending))
         }

@@ -83,13 +83,26 @@ struct ComparisonOptions: OptionSet, Equatable, Hashable, Sendable {
     static let diacriticInsensitive = ComparisonOptions(rawValue: 2)
 }
 
-/// `attribute OP value`, or `attribute IN {…}` / `attribute BETWEEN {low, high}`.
+/// `ANY`/`SOME`, `ALL`, `NONE` before a collection attribute (NSPredicate's
+/// aggregate modifiers): the comparison holds for some element, every element
+/// (true for an empty collection), or no element.
+enum Quantifier: String, Equatable, Sendable {
+    case any = "ANY"
+    case all = "ALL"
+    case noElement = "NONE"
+}
+
+/// `attribute OP value`, or `attribute IN {…}` / `attribute BETWEEN {low, high}`;
+/// on a collection attribute, with a quantifier or without (then as Spotlight
+/// compares multi-valued attributes: `ANY`, but `!=` is `NONE … ==`).
 struct Comparison: Equatable, Sendable {
     var attribute: Attribute
     var op: ComparisonOperator
     var options: ComparisonOptions = []
     /// One value for scalar operators, the aggregate's values for IN and BETWEEN.
     var values: [Literal]
+    /// Written before the attribute; only on collections.
+    var quantifier: Quantifier? = nil
 
     var value: Literal { values[0] }
 }

@@ -1,12 +1,20 @@
 /// Uniform Type Identifiers for `contentType` / `NSMetadataItemContentTypeKey`,
-/// from the freedesktop MIME type an item has here (which stays `mimeType`).
+/// from the freedesktop MIME type an item has here (which stays `mimeType`),
+/// and the conformance tree for `contentTypeTree` / `NSMetadataItemContentTypeTreeKey`.
 ///
-/// A table of the common types with Apple's identifiers and their conformance
-/// (each type's parent; `contentTypeTree` is a type and its ancestors, in
-/// order, ending as Apple's trees do in `public.item` / `public.content`).
+/// `conformsTo` is Apple's declared hierarchy for the types of the MIME table
+/// and their ancestors (UniformTypeIdentifiers' UTCoreTypes: `public.text`
+/// conforms to `public.data` and `public.content`, `com.adobe.pdf` to
+/// `public.data` and `public.composite-content`, …). A tree is that hierarchy
+/// walked depth first, each type's parents in declared order, each type once:
+/// the order in which Spotlight lists `kMDItemContentTypeTree`
+/// (`public.plain-text, public.text, public.data, public.item, public.content`;
+/// `public.folder, public.directory, public.item`).
+///
 /// An unknown `text/*` type is `public.text`, `image/*` `public.image`,
 /// `audio/*` `public.audio`, `video/*` `public.movie`, anything else
-/// `public.data`.
+/// `public.data` (whose tree is `public.data, public.item`: plain bytes are
+/// not content).
 public enum UniformTypes {
     /// MIME type → UTI.
     static let byMIME: [String: String] = [
@@ -32,32 +40,37 @@ public enum UniformTypes {
         "video/quicktime": "com.apple.quicktime-movie",
     ]
 
-    /// UTI → the type it conforms to first (nil: a root).
-    static let parent: [String: String] = [
-        "public.folder": "public.directory",
-        "public.directory": "public.item",
-        "public.plain-text": "public.text",
-        "net.daringfireball.markdown": "public.plain-text",
-        "public.html": "public.text",
-        "public.comma-separated-values-text": "public.text",
-        "public.xml": "public.text",
-        "public.json": "public.text",
-        "public.text": "public.data",
-        "com.adobe.pdf": "public.data",
-        "public.zip-archive": "public.data",
-        "public.jpeg": "public.image",
-        "public.png": "public.image",
-        "com.compuserve.gif": "public.image",
-        "public.tiff": "public.image",
-        "public.heic": "public.image",
-        "public.svg-image": "public.image",
-        "public.image": "public.data",
-        "public.mp3": "public.audio",
-        "public.audio": "public.data",
-        "public.mpeg-4": "public.movie",
-        "com.apple.quicktime-movie": "public.movie",
-        "public.movie": "public.data",
-        "public.data": "public.item",
+    /// UTI → the types it conforms to directly, in declared order. Roots
+    /// (`public.item`, `public.content`, `public.archive`) have no entry.
+    static let conformsTo: [String: [String]] = [
+        "public.folder": ["public.directory"],
+        "public.directory": ["public.item"],
+        "public.data": ["public.item"],
+        "public.composite-content": ["public.content"],
+        "public.text": ["public.data", "public.content"],
+        "public.plain-text": ["public.text"],
+        "net.daringfireball.markdown": ["public.plain-text"],
+        "public.html": ["public.text"],
+        "public.xml": ["public.text"],
+        "public.json": ["public.text"],
+        "public.delimited-values-text": ["public.text"],
+        "public.comma-separated-values-text": ["public.delimited-values-text"],
+        "com.adobe.pdf": ["public.data", "public.composite-content"],
+        "public.zip-archive": ["public.data", "public.archive"],
+        "public.image": ["public.data", "public.content"],
+        "public.jpeg": ["public.image"],
+        "public.png": ["public.image"],
+        "com.compuserve.gif": ["public.image"],
+        "public.tiff": ["public.image"],
+        "public.heif-standard": ["public.image"],
+        "public.heic": ["public.heif-standard"],
+        "public.svg-image": ["public.image"],
+        "public.audiovisual-content": ["public.data", "public.content"],
+        "public.audio": ["public.audiovisual-content"],
+        "public.mp3": ["public.audio"],
+        "public.movie": ["public.audiovisual-content"],
+        "public.mpeg-4": ["public.movie"],
+        "com.apple.quicktime-movie": ["public.movie"],
     ]
 
     /// The UTI of a MIME type.
@@ -70,16 +83,31 @@ public enum UniformTypes {
         return "public.data"
     }
 
-    /// The UTI and every type it conforms to, most specific first; content
-    /// (what is not a directory) also conforms to `public.content`.
+    /// The UTI and every type it conforms to, directly or not: depth first,
+    /// parents in declared order, each once. A type the table does not know
+    /// is a tree of its own.
     public static func tree(of uti: String) -> [String] {
-        var out = [uti]
-        var current = uti
-        while let next = parent[current], !out.contains(next) {
+        if let known = trees[uti] { return known }
+        return walk(uti)
+    }
+
+    /// The trees of every type in the table, computed once.
+    private static let trees: [String: [String]] = {
+        var all = Set(conformsTo.keys)
+        for parents in conformsTo.values { all.formUnion(parents) }
+        return Dictionary(uniqueKeysWithValues: all.map { ($0, walk($0)) })
+    }()
+
+    private static func walk(_ uti: String) -> [String] {
+        var out: [String] = []
+        var seen = Set<String>()
+        // An explicit stack (parents pushed in reverse): preorder, no recursion.
+        var stack = [uti]
+        while let next = stack.popLast() {
+            guard seen.insert(next).inserted else { continue }
             out.append(next)
-            current = next
+            stack.append(contentsOf: (conformsTo[next] ?? []).reversed())
         }
-        if !out.contains("public.directory") && uti != "public.item" { out.append("public.content") }
         return out
     }
 }

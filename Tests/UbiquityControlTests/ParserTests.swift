@@ -159,6 +159,8 @@ private func parseError(_ text: String) -> QueryError? {
             ("NSMetadataUbiquitousItemHasUnresolvedConflictsKey", "hasUnresolvedConflicts"),
             ("NSMetadataUbiquitousItemDownloadingErrorKey", "downloadingError"),
             ("NSMetadataUbiquitousItemUploadingErrorKey", "uploadingError"),
+            ("NSMetadataItemContentTypeTreeKey", "contentTypeTree"),
+            ("kMDItemContentTypeTree", "contentTypeTree"),
         ]
         for (alias, short) in pairs {
             #expect(Query.canonicalName(alias) == short)
@@ -173,7 +175,7 @@ private func parseError(_ text: String) -> QueryError? {
         for name in Query.attributeNames {
             #expect(Query.canonicalName(name) == name)
         }
-        #expect(Query.attributeNames.count == 20)
+        #expect(Query.attributeNames.count == 21)
         #expect(Query.attributeNames.contains("pinned"))
         #expect(Query.canonicalName("kmditemfsname") == "name")
         #expect(Query.canonicalName("NAME") == "name")

@@ -957,6 +957,71 @@ def test_predicates_as_icloud_apps_write_them(make_device):
     assert [r["name"] for r in run_query(dev, "name MATCHES[c] 'DOC.*'")] == ["Documents"]
 
 
+def test_content_type_tree_and_quantifiers(make_device):
+    """NSMetadataItemContentTypeTreeKey is each item's UTI conformance tree (a
+    JSON array), compared as Spotlight compares multi-valued attributes (some
+    type matches); ANY / SOME / ALL / NONE on the tree and on
+    path.pathComponents, and `value IN collection`."""
+    dev = make_device("t", container=DEFAULT_CONTAINER)
+    root = dev.mountpoint
+    (root / "Documents" / "notes").mkdir(parents=True)
+    (root / "Documents" / "notes" / "todo.txt").write_text("todo\n")
+    (root / "Documents" / "photo.jpg").write_bytes(b"\xff\xd8\xff")
+    (root / "Documents" / "readme.md").write_text("# hi\n")
+    (root / "Documents" / "scan.pdf").write_bytes(b"%PDF-1.4\n")
+    (root / "config.json").write_text("{}")
+    (root / "blob.bin").write_bytes(b"\0" * 4)
+
+    def names(predicate):
+        return [r["name"] for r in run_query(dev, predicate, "name")]
+
+    trees = {r["name"]: r["contentTypeTree"] for r in run_query(dev, "TRUEPREDICATE")}
+    content = ["public.data", "public.item", "public.content"]
+    assert trees == {
+        "Documents": ["public.folder", "public.directory", "public.item"],
+        "notes": ["public.folder", "public.directory", "public.item"],
+        "todo.txt": ["public.plain-text", "public.text"] + content,
+        "photo.jpg": ["public.jpeg", "public.image"] + content,
+        "readme.md": ["net.daringfireball.markdown", "public.plain-text", "public.text"] + content,
+        "scan.pdf": ["com.adobe.pdf", "public.data", "public.item", "public.composite-content", "public.content"],
+        "config.json": ["public.json", "public.text"] + content,
+        "blob.bin": ["public.data", "public.item"],
+    }, trees
+    for r in run_query(dev, "TRUEPREDICATE"):
+        assert r["contentTypeTree"][0] == r["contentType"], r
+
+    # The tree compared as a whole: some type matches.
+    images = ["photo.jpg"]
+    texts = ["config.json", "readme.md", "todo.txt"]
+    assert names("NSMetadataItemContentTypeTreeKey == 'public.image'") == images
+    assert names("'public.image' IN NSMetadataItemContentTypeTreeKey") == images
+    assert names("ANY NSMetadataItemContentTypeTreeKey == 'public.text'") == texts
+    assert names("SOME kMDItemContentTypeTree == 'public.text'") == texts
+    assert names("contentTypeTree IN {'public.image', 'public.composite-content'}") == ["photo.jpg", "scan.pdf"]
+    # `!=` is not `==`; ANY … != is NSPredicate's (some type differs).
+    assert names("contentTypeTree != 'public.content'") == ["Documents", "blob.bin", "notes"]
+    assert len(names("ANY contentTypeTree != 'public.content'")) == 8
+    assert names("ALL contentTypeTree BEGINSWITH 'public.'") == ["Documents", "blob.bin", "config.json", "notes",
+                                                                 "photo.jpg", "todo.txt"]
+    assert names("NONE contentTypeTree == 'public.data'") == ["Documents", "notes"]
+    assert names("contentTypeTree.@count == 2") == ["blob.bin"]
+
+    # Path components: the absolute path's, "/" first.
+    assert names("ANY NSMetadataItemPathKey.pathComponents == 'notes'") == ["notes", "todo.txt"]
+    assert names("'Documents' IN path.pathComponents AND contentTypeTree == 'public.text'") == ["readme.md", "todo.txt"]
+    assert names("ALL path.pathComponents != 'Documents'") == ["blob.bin", "config.json"]
+    depth = len(root.parts)
+    assert names(f"path.pathComponents.@count == {depth + 1} AND NONE contentTypeTree == 'public.folder'") == \
+        ["blob.bin", "config.json"]
+
+    # Errors come back as the CLI's, before anything is asked of the daemon.
+    for predicate, message in [("ANY name == 'x'", "'ANY' needs a collection"),
+                               ("'x' IN size", "IN needs a collection or a string"),
+                               ("ALL contentTypeTree > 3", "is a string and cannot be compared with a number")]:
+        res = dev.cli("query", str(root), "--predicate", predicate, "--json", timeout=60)
+        assert res.returncode != 0 and message in res.text, (predicate, res)
+
+
 def check_paths_open(items: list[dict]):
     """Each result's path is absolute and opens as it is: files read, folders list."""
     for r in items:
