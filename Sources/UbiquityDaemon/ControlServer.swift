@@ -1,18 +1,24 @@
 import Foundation
 import Logging
 import Synchronization
+import UbiquityProtocol
 import UbiquityStore
 #if canImport(Glibc)
 import Glibc
 #endif
 
-/// The mount's control socket: a Unix stream socket (owner-only) in the
+/// A control socket of the daemon: a Unix stream socket (owner-only) in the
 /// runtime directory (`$XDG_RUNTIME_DIR/ubiquityfs/`, checked to be the
-/// user's own and private by `Locations.prepareRuntimeDirectory`). Requests and replies are JSON objects,
-/// one per line. A request may get several lines back (progress) before
-/// its final `{"ok":…}` or `{"error":…}`.
+/// user's own and private by `Locations.prepareRuntimeDirectory`), speaking
+/// the protocol of `UbiquityProtocol` (docs/PROTOCOL.md): one request line
+/// per connection, answered by JSON lines.
+///
+/// Each connection is served on a thread of its own. Nothing a client sends
+/// reaches a handler unchecked: a request that is too long, too slow, not a
+/// JSON object, of the wrong types, of another protocol major or for a
+/// command this build does not know is answered here with a `ControlError`.
 final class ControlServer: Sendable {
-    typealias Handler = @Sendable (_ request: [String: Any], _ reply: ControlConnection) -> Void
+    typealias Handler = @Sendable (_ command: Command, _ connection: ControlConnection) -> Void
 
     let path: String
     let listener: Int32
@@ -25,7 +31,11 @@ final class ControlServer: Sendable {
         self.logger = logger
         unlink(path)
         let fd = try syscallRetrying("socket") { socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0) }
-        var address = try ControlClient.address(path)
+        var address: sockaddr_un
+        do { address = try ControlClient.address(path) } catch {
+            close(fd)
+            throw UbiquityError(error.errno ?? EINVAL, error.message)
+        }
         let bound = withUnsafePointer(to: &address) {
             $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
         }
@@ -53,8 +63,8 @@ final class ControlServer: Sendable {
             _ = fcntl(client, F_SETFD, FD_CLOEXEC)
             let connection = ControlConnection(fd: client)
             let thread = Thread { [self] in
-                if let request = connection.readRequest() {
-                    handler(request, connection)
+                if let command = connection.readRequest() {
+                    handler(command, connection)
                 } else {
                     connection.close()
                 }
@@ -70,7 +80,7 @@ final class ControlServer: Sendable {
     }
 }
 
-/// One client of the control socket.
+/// One client of a control socket: its request, then the lines of its answer.
 final class ControlConnection: Sendable {
     let fd: Int32
     let closed = Mutex(false)
@@ -81,17 +91,10 @@ final class ControlConnection: Sendable {
 
     init(fd: Int32) { self.fd = fd }
 
-    /// The longest request line accepted (a query's predicate is the only
-    /// part that grows); a longer one is answered with an error.
-    static let maximumRequest = 1 << 20
-    /// How long a client may take to send its request line.
-    static let requestTimeout: Int = 30
-
-    /// Read the request line. What is not a request (too long, not a JSON
-    /// object, never finished) is answered with an error here, and nil
-    /// returned: nothing a client sends reaches a handler unchecked.
-    func readRequest() -> [String: Any]? {
-        var timeout = timeval(tv_sec: Self.requestTimeout, tv_usec: 0)
+    /// Read and decode the request line. What is not a request of this
+    /// protocol is answered with an error here, and nil returned.
+    func readRequest() -> Command? {
+        var timeout = timeval(tv_sec: ControlLimits.requestTimeoutSeconds, tv_usec: 0)
         setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
         var data = Data()
         var buffer = [UInt8](repeating: 0, count: 65536)
@@ -99,30 +102,74 @@ final class ControlConnection: Sendable {
             let n = read(fd, &buffer, buffer.count)
             if n < 0 && errno == EINTR { continue }
             if n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) {
-                send(["error": "no complete request line within \(Self.requestTimeout) s"])
+                fail(ControlError(.requestTimeout, "no complete request line within \(ControlLimits.requestTimeoutSeconds) s"))
                 return nil
             }
             if n <= 0 { break }   // the client closed its side: the request is what came
             let newline = buffer[0..<n].firstIndex(of: 0x0a)
             data.append(contentsOf: buffer[0..<(newline ?? n)])
-            if data.count > Self.maximumRequest {
-                send(["error": "request too large (more than \(Self.maximumRequest >> 20) MiB)"])
+            if data.count > ControlLimits.maximumRequestBytes {
+                fail(ControlError(.requestTooLarge, "request too large (more than \(ControlLimits.maximumRequestBytes >> 20) MiB)"))
                 return nil
             }
             if newline != nil { break }
         }
         if data.isEmpty { return nil }
-        guard let request = (try? JSONSerialization.jsonObject(with: data)) as? [String: Any] else {
-            send(["error": "the request is not a JSON object"])
-            return nil
+        do {
+            return try JSONDecoder().decode(ControlRequest.self, from: data).command
+        } catch let refused as UnsupportedProtocol {
+            fail(.protocolMismatch(client: refused.requested, daemon: .current, daemonPID: getpid()))
+        } catch let unknown as UnknownCommand {
+            fail(ControlError(.unknownCommand, "unknown command '\(unknown.name)' (protocol \(ProtocolVersion.current))"))
+        } catch {
+            fail(Self.malformed(error))
         }
-        return request
+        return nil
     }
 
-    /// Send one JSON line; false if the client went away.
+    /// What is wrong with a request that did not decode, naming the field.
+    static func malformed(_ error: any Error) -> ControlError {
+        /// `paths[0][1]`
+        func field(_ path: [any CodingKey]) -> String {
+            path.enumerated().map { index, key in
+                key.intValue.map { "[\($0)]" } ?? (index == 0 ? key.stringValue : "." + key.stringValue)
+            }.joined()
+        }
+        let problem: (path: [any CodingKey], text: String)? = switch error as? DecodingError {
+        case .typeMismatch(let type, let context)?: (context.codingPath, ": expected \(type)")
+        case .valueNotFound(let type, let context)?: (context.codingPath, ": expected \(type), not null")
+        case .keyNotFound(let key, let context)?: (context.codingPath + [key], " is missing")
+        case .dataCorrupted(let context)?: (context.codingPath, ": " + context.debugDescription)
+        default: nil
+        }
+        // A problem with no field is the request's own: not JSON, or not an object.
+        guard let problem, !problem.path.isEmpty else { return ControlError(.malformedRequest, "the request is not a JSON object") }
+        return ControlError(.malformedRequest, "field \(field(problem.path))\(problem.text)")
+    }
+
+    /// Send an update line; false if the client went away.
     @discardableResult
-    func send(_ object: [String: Any]) -> Bool {
-        guard let data = try? JSONSerialization.data(withJSONObject: object, options: [.sortedKeys]) else { return false }
+    func send(_ update: Update) -> Bool { send(Reply<NoResult>.update(update)) }
+
+    /// Send the final line of a success.
+    @discardableResult
+    func finish<Result: Codable & Sendable>(_ result: Result) -> Bool { send(Reply.done(result)) }
+
+    /// Send the final line of a failure.
+    @discardableResult
+    func fail(_ error: ControlError) -> Bool { send(Reply<NoResult>.failed(error)) }
+
+    /// The final line of a command that failed with `error` (its errno kept).
+    @discardableResult
+    func fail(_ error: any Error) -> Bool {
+        let failure = UbiquityError.wrap(error)
+        return fail(ControlError(.failed, failure.description, errno: failure.errno))
+    }
+
+    private func send<Result>(_ reply: Reply<Result>) -> Bool {
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
+        guard let data = try? encoder.encode(reply) else { return false }
         return sendRaw(data)
     }
 
@@ -150,55 +197,6 @@ final class ControlConnection: Sendable {
         closed.withLock { isClosed in
             if !isClosed { Glibc.close(fd) }
             isClosed = true
-        }
-    }
-}
-
-/// The CLI side of the control socket.
-enum ControlClient {
-    static func address(_ path: String) throws -> sockaddr_un {
-        var address = sockaddr_un()
-        address.sun_family = sa_family_t(AF_UNIX)
-        let bytes = Array(path.utf8)
-        guard bytes.count < MemoryLayout.size(ofValue: address.sun_path) else {
-            throw UbiquityError(ENAMETOOLONG, "control socket path too long: \(path)")
-        }
-        withUnsafeMutableBytes(of: &address.sun_path) { raw in
-            raw.copyBytes(from: bytes)
-            raw[bytes.count] = 0
-        }
-        return address
-    }
-
-    /// Send `request`, call `onLine` for every JSON line until the daemon
-    /// closes the connection. Throws ECONNREFUSED/ENOENT if nobody listens.
-    /// `raw`, if given, sees each line first and returns true when it took
-    /// it as is (no JSON parsing: bulk query output is printed verbatim).
-    static func call(socket path: String, _ request: [String: Any], raw: ((Data) -> Bool)? = nil,
-                     onLine: ([String: Any]) -> Void) throws {
-        let fd = try syscallRetrying("socket") { socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0) }
-        defer { close(fd) }
-        var address = try address(path)
-        let connected = withUnsafePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
-        }
-        guard connected == 0 else { throw UbiquityError.posix("connect to \(path)") }
-        var data = try JSONSerialization.data(withJSONObject: request)
-        data.append(0x0a)
-        _ = data.withUnsafeBytes { Glibc.send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
-        var buffer = [UInt8](repeating: 0, count: 65536)
-        var pending = Data()
-        while true {
-            let n = read(fd, &buffer, buffer.count)
-            if n < 0 && errno == EINTR { continue }
-            if n <= 0 { break }
-            pending.append(contentsOf: buffer[0..<n])
-            while let newline = pending.firstIndex(of: 0x0a) {
-                let line = pending[pending.startIndex..<newline]
-                pending.removeSubrange(pending.startIndex...newline)
-                if let raw, raw(Data(line)) { continue }
-                if let object = try? JSONSerialization.jsonObject(with: line) as? [String: Any] { onLine(object) }
-            }
         }
     }
 }
