@@ -47,7 +47,7 @@ public struct ControlError: Error, Sendable, Equatable, Codable, CustomStringCon
         let clientSpeaks = client.map { "protocol \($0)" } ?? "an older protocol without versions"
         let daemonSpeaks = daemon.map { "protocol \($0)" } ?? "another protocol"
         let pid = daemonPID.map { "pid \($0), " } ?? ""
-        let stop = daemonPID.map { "`kill \($0)`" } ?? "`kill` of its pid"
+        let stop = daemonPID.map { "`kill \($0)`" } ?? "stop its daemon"
         return ControlError(.protocolMismatch,
                             "this ubiquityfs (\(clientSpeaks)) cannot talk to the running daemon (\(pid)\(daemonSpeaks)); "
                             + "unmount with the ubiquityfs that mounted it (or \(stop): pending changes stay queued), "

@@ -77,11 +77,12 @@ public enum JSONValue: Sendable, Hashable, Codable {
     case null
 
     public init(from decoder: any Decoder) throws {
+        // Most attributes are strings: tried first.
         let c = try decoder.singleValueContainer()
         if c.decodeNil() { self = .null }
+        else if let s = try? c.decode(String.self) { self = .string(s) }
         else if let b = try? c.decode(Bool.self) { self = .bool(b) }
-        else if let n = try? c.decode(Double.self) { self = .number(n) }
-        else { self = .string(try c.decode(String.self)) }
+        else { self = .number(try c.decode(Double.self)) }
     }
 
     public func encode(to encoder: any Encoder) throws {
