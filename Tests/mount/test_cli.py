@@ -8,6 +8,7 @@ serving; an answer of another protocol makes the CLI say so and exit 1."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import socket
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import BIN, CONTROL_PROTOCOL, pid_alive
+from conftest import BIN, CONTROL_PROTOCOL, folder_store_only, is_mounted, pid_alive
 from test_safety import control_socket, request
 
 
@@ -119,6 +120,23 @@ def test_another_protocol_major_is_refused_and_the_daemon_keeps_serving(make_dev
     assert described[-1]["ok"] is True and described[-1]["containers"] == ["com.ubiquityfs.default"], described
     res = a.cli("status", str(a.mountpoint), timeout=60)
     assert res.returncode == 0 and "Mount:" in res.stdout, res
+
+
+@folder_store_only("the store daemon's socket is named from the store's path")
+def test_a_mount_of_another_protocol_is_refused_before_anything_is_mounted(make_device, store, tmp_path):
+    """The store's daemon socket (`mount` joins a running daemon there)
+    refuses another major before it looks at the mountpoint."""
+    a = make_device("a")
+    key = hashlib.sha256(f"{a.data_home}/ubiquityfs\n{store}".encode()).hexdigest()[:24]
+    sock = str(Path(control_socket(a)).parent / f"daemon-{key}.sock")
+    target = tmp_path / "second"
+    target.mkdir()
+    lines = answer(sock, {"protocol": "2.0", "command": "mount", "mountpoint": str(target)})
+    assert len(lines) == 1 and lines[0]["code"] == "protocolMismatch", lines
+    assert f"cannot talk to the running daemon (pid {a.pid}, protocol {CONTROL_PROTOCOL})" in lines[0]["error"], lines
+    assert not is_mounted(target), "a mount request of another protocol was served"
+    pong = answer(sock, {"protocol": CONTROL_PROTOCOL, "command": "ping"})
+    assert pong == [{"ok": True, "pid": a.pid, "protocol": CONTROL_PROTOCOL}], pong
 
 
 @pytest.mark.parametrize("payload, code, message", [
