@@ -55,7 +55,7 @@ package struct DaemonSettings: Sendable {
 /// Lock order: `opening` (held while a container opens or closes) before
 /// `state`; neither is held while serving a request.
 package final class Daemon: @unchecked Sendable {
-    package static let defaultContainer = "com.ubiquityfs.default"
+    static let defaultContainer = "com.ubiquityfs.default"
 
     let settings: DaemonSettings
     let locations = Locations()

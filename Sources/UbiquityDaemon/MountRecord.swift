@@ -22,14 +22,8 @@ package struct MountRecord: Codable, Equatable {
     package var pid: Int32
     package var socket: String
 
-    package init(mountpoint: String, pid: Int32, socket: String) {
-        self.mountpoint = mountpoint
-        self.pid = pid
-        self.socket = socket
-    }
-
     /// Write the record (owner-only, replaced atomically).
-    package func save(_ locations: Locations) throws {
+    func save(_ locations: Locations) throws {
         let url = locations.mountRecord(mountpoint: mountpoint)
         try FileManager.default.createDirectory(at: url.deletingLastPathComponent(), withIntermediateDirectories: true,
                                                 attributes: [.posixPermissions: 0o700])

@@ -74,7 +74,7 @@ package struct StoreAddress: Codable, Sendable, Equatable {
     }
 
     /// The file where this device keeps the ID of the store it used here.
-    package func knownStoreFile(_ locations: Locations) -> URL {
+    func knownStoreFile(_ locations: Locations) -> URL {
         locations.dataHome.appendingPathComponent("known-stores").appendingPathComponent(ContentCopy.hash(of: Data(key.utf8)))
     }
 
