@@ -57,12 +57,19 @@ let package = Package(
             name: "UbiquityFUSE",
             dependencies: ["CFuse3", "UbiquityFS", .product(name: "Logging", package: "swift-log")],
             swiftSettings: swiftSettings),
+        .target(name: "UbiquityProtocol", swiftSettings: swiftSettings),
+        .target(
+            name: "UbiquityDaemon",
+            dependencies: [
+                "UbiquityProtocol", "UbiquityFUSE", "UbiquityFS", "UbiquitySync", "UbiquityReplica", "UbiquityStore", "UbiquityControl", "UbiquityS3",
+                .product(name: "Logging", package: "swift-log"),
+            ],
+            swiftSettings: swiftSettings),
         .target(
             name: "UbiquityCLI",
             dependencies: [
-                "UbiquityFUSE", "UbiquityFS", "UbiquitySync", "UbiquityReplica", "UbiquityStore", "UbiquityControl", "UbiquityS3",
+                "UbiquityDaemon", "UbiquityProtocol", "UbiquityFUSE", "UbiquitySync", "UbiquityReplica", "UbiquityStore", "UbiquityControl", "UbiquityS3",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
-                .product(name: "Logging", package: "swift-log"),
             ],
             swiftSettings: swiftSettings),
         .executableTarget(name: "ubiquityfs", dependencies: ["UbiquityCLI"], swiftSettings: swiftSettings),
@@ -73,6 +80,10 @@ let package = Package(
         .testTarget(
             name: "UbiquityS3Tests",
             dependencies: ["UbiquityS3", "UbiquityStore"],
+            swiftSettings: swiftSettings),
+        .testTarget(
+            name: "UbiquityDaemonTests",
+            dependencies: ["UbiquityDaemon", "UbiquityProtocol", "UbiquityControl", .product(name: "Logging", package: "swift-log")],
             swiftSettings: swiftSettings),
         .testTarget(
             name: "UbiquityCoreTests",

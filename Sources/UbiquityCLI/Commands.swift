@@ -1,6 +1,8 @@
 import ArgumentParser
 import Foundation
+import UbiquityDaemon
 import UbiquityFUSE
+import UbiquityProtocol
 import UbiquityReplica
 import UbiquityStore
 #if canImport(Glibc)
@@ -21,16 +23,14 @@ public struct UbiquityCommand: ParsableCommand {
     /// Every command runs with umask 077: what ubiquityfs creates (data
     /// home, replicas, runtime files, a private store) is its owner's only.
     /// A shared store sets its own modes explicitly.
+    ///
+    /// Commands fail by throwing: ArgumentParser prints the error
+    /// (`UbiquityError`, `ControlError`: their message) and exits with 1, or
+    /// with 64 for a `ValidationError` (usage).
     public static func main() {
         umask(0o077)
         main(nil)
     }
-}
-
-/// Print to stderr and exit non-zero: the CLI's one way of failing.
-func fail(_ error: any Error) -> Never {
-    FileHandle.standardError.write(Data("ubiquityfs: \(UbiquityError.wrap(error))\n".utf8))
-    exit(1)
 }
 
 func absolutePath(_ path: String) -> String {
@@ -65,7 +65,7 @@ struct Mount: ParsableCommand {
     @Option(help: "This device's name, used in conflicted-copy names (default: the host name; remembered).")
     var deviceName: String?
     @Option(help: "With --container: documents (the Documents folder, folder levels enforced), data (all but Documents) or all (the default).")
-    var scope: QueryService.Scope?
+    var scope: Scope?
     @Flag(help: "When the store is new, make it shared by the group of its folder (store folders 0770, files 0640) instead of private to you (0700, 0600).")
     var sharedStore = false
     @Option(help: .hidden) var notifyFd: Int32?
@@ -87,65 +87,60 @@ struct Mount: ParsableCommand {
     }
 
     func run() throws {
-        let request = MountRequest(mountpoint: absolutePath(mountpoint), container: container, scope: scope ?? .all,
-                                   fuseOptions: options.flatMap { $0.split(separator: ",").map(String.init) })
+        let mountpoint = absolutePath(self.mountpoint)
         let explicitStore = storeOptions.address
-        let address: StoreAddress?
-        do { address = try explicitStore ?? RememberedStores.store(for: request.mountpoint) } catch { fail(error) }
-        let settings = DaemonSettings(store: address, foreground: foreground || notifyFd != nil,
+        let settings = DaemonSettings(store: try explicitStore ?? RememberedStores.store(for: mountpoint),
+                                      foreground: foreground || notifyFd != nil,
                                       pollInterval: pollInterval, cacheLimit: cacheSize.flatMap(parseSize),
                                       deviceName: deviceName, sharedStore: sharedStore, notifyFD: notifyFd)
+        let request = MountParameters(mountpoint: mountpoint, container: container, scope: scope ?? .all,
+                                      fuseOptions: options.flatMap { $0.split(separator: ",").map(String.init) },
+                                      deviceName: deviceName, sharedStore: sharedStore)
         let locations = Locations()
         let storeKey = settings.store?.key ?? locations.defaultStore.path
-        let what = container.map { "\($0)\(scope.map { " (\($0.rawValue) scope)" } ?? "")" } ?? "the drive"
+        let socket = locations.daemonSocket(store: storeKey).path
         if settings.foreground {
             do {
                 try locations.prepareRuntimeDirectory()
-                if notifyFd == nil, let pid = try join(request, settings: settings, socket: locations.daemonSocket(store: storeKey).path, probeOnly: true) {
+                if notifyFd == nil, let pid = try runningDaemon(socket: socket) {
                     throw UbiquityError(EBUSY, "a daemon (pid \(pid)) already serves this store on this device; mount without --foreground to add to it")
                 }
                 chdir("/")
                 try Daemon(settings: settings).run(first: request)
             } catch {
                 if let fd = notifyFd { Daemon.notify(fd, "error \(UbiquityError.wrap(error))") }
-                fail(error)
+                throw error
             }
             return
         }
         // Check what can be checked before starting a daemon, for a clear message.
-        do { _ = try Daemon.validateMountpoint(request.mountpoint) } catch { fail(error) }
-        do {
-            // One `mount` at a time finds or starts the store's daemon.
-            let lockPath = locations.daemonLock(store: storeKey).path
-            try locations.prepareRuntimeDirectory()
-            let lock = open(lockPath, O_RDWR | O_CREAT | O_CLOEXEC, 0o600)
-            guard lock >= 0 else { throw UbiquityError.posix("open \(lockPath)") }
-            defer { close(lock) }
-            while flock(lock, LOCK_EX) != 0 && errno == EINTR {}
-            let socket = locations.daemonSocket(store: storeKey).path
-            let from = address.map { " from \($0.description)" } ?? ""
-            var created: [String] = []
-            if let pid = try join(request, settings: settings, socket: socket, probeOnly: false, created: &created) {
-                if explicitStore != nil { RememberedStores.remember(explicitStore, for: request.mountpoint) }
-                reportCreated(created)
-                print("Mounted \(what)\(from) at \(request.mountpoint) (daemon pid \(pid))")
-                return
-            }
-            let (pid, message) = try spawnDaemon(request, settings)
-            if message.hasPrefix("ready") {
-                if explicitStore != nil { RememberedStores.remember(explicitStore, for: request.mountpoint) }
-                let log = message.components(separatedBy: " log ").last ?? ""
-                let words = message.components(separatedBy: " log ").first?.split(separator: " ") ?? []
-                if let index = words.firstIndex(of: "created"), index + 1 < words.count {
-                    reportCreated(words[index + 1].split(separator: ",").map(String.init))
-                }
-                print("Mounted \(what)\(from) at \(request.mountpoint) (daemon pid \(pid); log: \(log))")
-            } else {
-                fail(UbiquityError(EIO, message.hasPrefix("error ") ? String(message.dropFirst(6)) : message))
-            }
-        } catch {
-            fail(error)
+        _ = try Daemon.validateMountpoint(request.mountpoint)
+        // One `mount` at a time finds or starts the store's daemon.
+        let lockPath = locations.daemonLock(store: storeKey).path
+        try locations.prepareRuntimeDirectory()
+        let lock = open(lockPath, O_RDWR | O_CREAT | O_CLOEXEC, 0o600)
+        guard lock >= 0 else { throw UbiquityError.posix("open \(lockPath)") }
+        defer { close(lock) }
+        while flock(lock, LOCK_EX) != 0 && errno == EINTR {}
+        let what = container.map { "\($0)\(scope.map { " (\($0.rawValue) scope)" } ?? "")" } ?? "the drive"
+        let from = settings.store.map { " from \($0.description)" } ?? ""
+        if let ready = try join(request, socket: socket) {
+            if explicitStore != nil { RememberedStores.remember(explicitStore, for: request.mountpoint) }
+            reportCreated(ready.created)
+            print("Mounted \(what)\(from) at \(request.mountpoint) (daemon pid \(ready.pid))")
+            return
         }
+        let (pid, message) = try spawnDaemon(request, settings)
+        guard message.hasPrefix("ready") else {
+            throw UbiquityError(EIO, message.hasPrefix("error ") ? String(message.dropFirst(6)) : message)
+        }
+        if explicitStore != nil { RememberedStores.remember(explicitStore, for: request.mountpoint) }
+        let log = message.components(separatedBy: " log ").last ?? ""
+        let words = message.components(separatedBy: " log ").first?.split(separator: " ") ?? []
+        if let index = words.firstIndex(of: "created"), index + 1 < words.count {
+            reportCreated(words[index + 1].split(separator: ",").map(String.init))
+        }
+        print("Mounted \(what)\(from) at \(request.mountpoint) (daemon pid \(pid); log: \(log))")
     }
 
     /// Say so when the mount made a container the store did not have (a
@@ -156,43 +151,34 @@ struct Mount: ParsableCommand {
         }
     }
 
-    /// Ask the store's running daemon to add this mount. Returns its pid, or
-    /// nil if no daemon runs (or it is stopping: then wait for it to go).
-    /// `probeOnly`: only find out whether one runs.
-    func join(_ request: MountRequest, settings: DaemonSettings, socket: String, probeOnly: Bool) throws -> Int? {
-        var ignored: [String] = []
-        return try join(request, settings: settings, socket: socket, probeOnly: probeOnly, created: &ignored)
+    /// The pid of the daemon serving the store, or nil if none runs.
+    func runningDaemon(socket: String) throws -> Int32? {
+        try askDaemon(socket: socket, .ping, expecting: DaemonInfo.self)?.pid
     }
 
-    func join(_ request: MountRequest, settings: DaemonSettings, socket: String, probeOnly: Bool, created: inout [String]) throws -> Int? {
-        var message: [String: Any] = ["command": probeOnly ? "ping" : "mount", "mountpoint": request.mountpoint,
-                                      "scope": request.scope.rawValue, "fuseOptions": request.fuseOptions]
-        if let container = request.container { message["container"] = container }
-        if let name = settings.deviceName { message["deviceName"] = name }
-        if settings.sharedStore { message["sharedStore"] = true }
+    /// Ask the store's running daemon to add this mount; nil if no daemon runs.
+    func join(_ request: MountParameters, socket: String) throws -> MountReady? {
+        try askDaemon(socket: socket, .mount(request), expecting: MountReady.self)
+    }
+
+    /// Send `command` to the store's daemon; nil if none listens. A daemon
+    /// that is stopping (its last mount just ended) is waited for.
+    func askDaemon<Result: Codable & Sendable>(socket: String, _ command: Command, expecting: Result.Type) throws -> Result? {
         for _ in 0..<100 {
-            var answer: [String: Any] = [:]
             do {
-                try ControlClient.call(socket: socket, message) { answer = $0 }
-            } catch let error as UbiquityError where [ENOENT, ECONNREFUSED].contains(error.errno) {
+                return try ControlClient.call(socket: socket, ControlRequest(command), expecting: Result.self)
+            } catch let error as ControlError where error.code == .unreachable && [ENOENT, ECONNREFUSED].contains(error.errno) {
                 return nil
+            } catch let error as ControlError where error.code == .noAnswer || error.message.contains("stopping") {
+                usleep(100_000)   // it is exiting
             }
-            if answer.isEmpty { usleep(100_000); continue }   // it is exiting
-            if probeOnly { return answer["pid"] as? Int ?? 0 }
-            if let pid = answer["pid"] as? Int, answer["ready"] != nil {
-                created = answer["created"] as? [String] ?? []
-                return pid
-            }
-            let error = answer["error"] as? String ?? "no answer"
-            if error.contains("stopping") { usleep(100_000); continue }
-            throw UbiquityError(EIO, error)
         }
         throw UbiquityError(ETIMEDOUT, "the daemon at \(socket) neither answers nor exits")
     }
 
     /// Start `ubiquityfs mount … --notify-fd 3` in its own session and wait
     /// for its first line: "ready pid N …" or "error MESSAGE".
-    func spawnDaemon(_ request: MountRequest, _ settings: DaemonSettings) throws -> (pid: pid_t, message: String) {
+    func spawnDaemon(_ request: MountParameters, _ settings: DaemonSettings) throws -> (pid: pid_t, message: String) {
         // Close-on-exec pipe: only the dup2'ed copy (fd 3) reaches the daemon,
         // so the parent sees EOF as soon as the daemon closes it.
         var fds: [Int32] = [0, 0]
@@ -268,51 +254,39 @@ struct Unmount: ParsableCommand {
 
     func run() throws {
         let path = resolvedPath(mountpoint)
-        let daemon: MountRecord
-        do { daemon = try MountLocator.daemon(of: path) } catch { fail(error) }
+        let daemon = try MountLocator.daemon(of: path)
         let locations = Locations()
         if force {
-            do { try Unmounter.unmount(path, lazy: true) } catch { fail(error) }
+            try Unmounter.unmount(path, lazy: true)
             if MountLocator.isDead(daemon) { MountRecord.remove(locations, mountpoint: path, pid: daemon.pid) }
             print("Detached \(path); changes not yet pushed stay queued for the next mount.")
             return
         }
-        var finalError: String?
-        var finished = false
         var lastLine = ""
         let isTTY = isatty(STDERR_FILENO) != 0
+        defer { if isTTY && !lastLine.isEmpty { FileHandle.standardError.write(Data("\n".utf8)) } }
         do {
-            try ControlClient.call(socket: daemon.socket, ["command": "unmount"]) { line in
-                if let progress = line["progress"] as? [String: Any] {
-                    let items = progress["items"] as? Int ?? 0
-                    let bytes = progress["bytes"] as? Int ?? 0
-                    let text = "Pushing to the store: \(counted(items, "item")), \(formatBytes(UInt64(bytes))) left"
-                    // Nothing to report while nothing was ever pending (each container answers once).
-                    if text != lastLine && !(items == 0 && lastLine.isEmpty) {
-                        FileHandle.standardError.write(Data(((isTTY ? "\r\u{1b}[K" : "") + text + (isTTY ? "" : "\n")).utf8))
-                        lastLine = text
-                    }
-                } else if let error = line["error"] as? String {
-                    finalError = error
-                } else if line["ok"] != nil {
-                    finished = true
+            _ = try ControlClient.call(socket: daemon.socket, ControlRequest(.unmount), expecting: NoResult.self, onUpdate: { update in
+                guard case .pushing(let progress) = update else { return }
+                let text = "Pushing to the store: \(counted(progress.itemsLeft, "item")), \(formatBytes(progress.bytesLeft)) left"
+                // Nothing to report while nothing was ever pending (each container answers once).
+                if text != lastLine && !(progress.itemsLeft == 0 && lastLine.isEmpty) {
+                    FileHandle.standardError.write(Data(((isTTY ? "\r\u{1b}[K" : "") + text + (isTTY ? "" : "\n")).utf8))
+                    lastLine = text
                 }
-            }
-        } catch let error as UbiquityError where error.errno == ENOENT || error.errno == ECONNREFUSED {
+            })
+        } catch let error as ControlError where error.code == .unreachable && [ENOENT, ECONNREFUSED].contains(error.errno) {
             guard MountLocator.isDead(daemon) else {
-                fail(UbiquityError(EAGAIN, "the daemon of \(path) (pid \(daemon.pid)) runs but does not answer at \(daemon.socket) (\(error)); `kill \(daemon.pid)` stops it (changes stay queued), or `ubiquityfs unmount --force` detaches the mount"))
+                throw UbiquityError(EAGAIN, "the daemon of \(path) (pid \(daemon.pid)) runs but does not answer at \(daemon.socket) (\(error)); `kill \(daemon.pid)` stops it (changes stay queued), or `ubiquityfs unmount --force` detaches the mount")
             }
             // Its daemon died: unmount what is left; the replica keeps the queue.
-            do { try Unmounter.unmount(path, lazy: false) } catch { fail(error) }
+            try Unmounter.unmount(path, lazy: false)
             MountRecord.remove(locations, mountpoint: path, pid: daemon.pid)
             print("Unmounted \(path) (its daemon was not running; pending changes are pushed at the next mount).")
             return
-        } catch {
-            fail(error)
+        } catch let error as ControlError where error.code == .noAnswer {
+            throw UbiquityError(EIO, "the daemon stopped before confirming; pending changes stay queued")
         }
-        if isTTY && !lastLine.isEmpty { FileHandle.standardError.write(Data("\n".utf8)) }
-        if let finalError { fail(UbiquityError(EIO, finalError)) }
-        guard finished else { fail(UbiquityError(EIO, "the daemon stopped before confirming; pending changes stay queued")) }
         print("Unmounted \(path); every change is in the store.")
     }
 }
@@ -327,34 +301,33 @@ struct Status: ParsableCommand {
 
     func run() throws {
         let mountpoints = mountpoint.map { [resolvedPath($0)] } ?? MountLocator.mounts()
-        if mountpoints.isEmpty { fail(UbiquityError(ENOENT, "no ubiquityfs mount")) }
+        if mountpoints.isEmpty { throw UbiquityError(ENOENT, "no ubiquityfs mount") }
         var shown = 0
         var others: [String] = []       // other devices' or users' mounts
         var unreachable: [String] = []  // this device's, whose daemon did not answer
         for path in mountpoints {
-            var status: [String: Any]?
+            let status: MountStatus
             do {
                 let daemon = try MountLocator.daemon(of: path)
                 do {
-                    try ControlClient.call(socket: daemon.socket, ["command": "status"]) { line in status = line["status"] as? [String: Any] }
-                } catch {
+                    status = try ControlClient.call(socket: daemon.socket, ControlRequest(.status), expecting: MountStatus.self)
+                } catch let error as ControlError where error.code == .unreachable || error.code == .noAnswer {
                     throw UbiquityError(ENOTCONN, "its daemon (pid \(daemon.pid)) does not answer (\(error))")
                 }
-                guard status != nil else { throw UbiquityError(EIO, "no answer from its daemon (pid \(daemon.pid))") }
             } catch {
                 // One mountpoint asked for: its error is the answer. Every mount: say which were left out.
-                if mountpoint != nil { fail(error) }
+                if mountpoint != nil { throw error }
                 if (error as? UbiquityError)?.errno == EPERM {
                     others.append(path)
                 } else {
-                    unreachable.append("\(path) (\(UbiquityError.wrap(error)))")
+                    unreachable.append("\(path) (\(error))")
                 }
                 continue
             }
-            guard let status else { continue }
             if json {
-                let data = try JSONSerialization.data(withJSONObject: status, options: [.sortedKeys])
-                print(String(decoding: data, as: UTF8.self))
+                let encoder = JSONEncoder()
+                encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
+                print(String(decoding: try encoder.encode(status), as: UTF8.self))
                 shown += 1
                 continue
             }
@@ -368,41 +341,40 @@ struct Status: ParsableCommand {
         if !unreachable.isEmpty {
             FileHandle.standardError.write(Data("ubiquityfs: not shown, not answering: \(unreachable.joined(separator: "; "))\n".utf8))
         }
-        if shown == 0 { fail(UbiquityError(ENOENT, "no ubiquityfs mount of this device (data home \(Locations().dataHome.path))")) }
+        if shown == 0 { throw UbiquityError(ENOENT, "no ubiquityfs mount of this device (data home \(Locations().dataHome.path))") }
     }
 
-    func printStatus(_ status: [String: Any], path: String) {
-        func bytes(_ key: String) -> String { formatBytes(UInt64(status[key] as? Int ?? 0)) }
-        let view = status["view"] as? String == "drive" ? "the drive" : "container \(status["container"] ?? "?"), \(status["scope"] ?? "all") scope"
-        print("Mount:        \(path) (\(view), daemon pid \(status["pid"] ?? "?"))")
-        let latency = (status["storeLatencyMs"] as? Double).map { String(format: ", %.0f ms", $0) } ?? ""
-        let reachable = (status["storeReachable"] as? Bool ?? false) ? "reachable\(latency)" : "UNREACHABLE (working offline; changes are queued)"
-        print("Store:        \(status["store"] as? String ?? "?") (\(reachable))")
-        print("Items:        \(status["items"] ?? 0) (Documents scope \(status["documentsItems"] ?? 0), Data scope \(status["dataItems"] ?? 0))")
-        for container in status["containers"] as? [[String: Any]] ?? [] {
-            let folder = (container["folder"] as? String).map { " in \($0 == "/" ? "the root" : "folder \"\($0)\"")" } ?? ""
-            print("  \(container["id"] ?? "?")\(folder): \(counted(container["items"] as? Int ?? 0, "item")) (Documents \(container["documentsItems"] ?? 0), Data \(container["dataItems"] ?? 0)), \(container["pendingItems"] ?? 0) to upload, \(container["downloadingItems"] ?? 0) downloading")
+    func printStatus(_ status: MountStatus, path: String) {
+        let view = status.view == .drive ? "the drive" : "container \(status.container), \((status.scope ?? .all).rawValue) scope"
+        print("Mount:        \(path) (\(view), daemon pid \(status.pid))")
+        let latency = status.storeLatencyMs.map { String(format: ", %.0f ms", $0) } ?? ""
+        let reachable = status.storeReachable ? "reachable\(latency)" : "UNREACHABLE (working offline; changes are queued)"
+        print("Store:        \(status.store) (\(reachable))")
+        print("Items:        \(status.items) (Documents scope \(status.documentsItems), Data scope \(status.dataItems))")
+        for container in status.containers {
+            let folder = container.folder.map { " in \($0 == "/" ? "the root" : "folder \"\($0)\"")" } ?? ""
+            print("  \(container.id)\(folder): \(counted(container.items, "item")) (Documents \(container.documentsItems), Data \(container.dataItems)), \(container.pendingItems) to upload, \(container.downloadingItems) downloading")
         }
-        print("Uploads:      \(counted(status["pendingItems"] as? Int ?? 0, "item")), \(bytes("pendingBytes")) pending")
-        print("Downloads:    \(counted(status["downloadingItems"] as? Int ?? 0, "item")), \(bytes("downloadingBytes")) to go")
-        let limit = status["cacheLimitBytes"].map { " of \(formatBytes(UInt64($0 as? Int ?? 0)))" } ?? ""
-        print("Local:        \(bytes("cachedBytes"))\(limit) downloaded")
-        print("Last sync:    \(status["lastSync"] ?? "never")")
-        let failing = status["failingUploads"] as? [[String: Any]] ?? []
+        print("Uploads:      \(counted(status.pendingItems, "item")), \(formatBytes(status.pendingBytes)) pending")
+        print("Downloads:    \(counted(status.downloadingItems, "item")), \(formatBytes(status.downloadingBytes)) to go")
+        let limit = status.cacheLimitBytes.map { " of \(formatBytes($0))" } ?? ""
+        print("Local:        \(formatBytes(status.cachedBytes))\(limit) downloaded")
+        print("Last sync:    \(status.lastSync ?? "never")")
+        let failing = status.failingUploads
         if !failing.isEmpty {
             print("Not uploaded: \(failing.count) item\(failing.count == 1 ? "" : "s") the store refused (retried with back-off; the others go ahead)")
-            for f in failing.prefix(10) { print("  \(f["path"] ?? "?") (\(f["attempts"] ?? 0) tries): \(f["error"] ?? "")") }
+            for f in failing.prefix(10) { print("  \(f.path) (\(f.attempts) tries): \(f.error)") }
         }
         // Journal records skipped because they failed validation (the reasons are printable).
-        let quarantined = status["quarantinedRecords"] as? [[String: Any]] ?? []
+        let quarantined = status.quarantinedRecords
         for q in quarantined.suffix(10) {
-            print("Quarantined:  record \(q["seq"] ?? "?") of \(q["container"] ?? "?"): \(q["reason"] ?? "")")
+            print("Quarantined:  record \(q.seq) of \(q.container): \(q.reason)")
         }
         if quarantined.count > 10 { print("  and \(quarantined.count - 10) earlier quarantined records (status --json lists them all)") }
-        let errors = status["recentErrors"] as? [[String: Any]] ?? []
+        let errors = status.recentErrors
         if !errors.isEmpty {
             print("Recent errors:")
-            for e in errors.suffix(5) { print("  \(e["date"] ?? "") \(e["message"] ?? "")") }
+            for e in errors.suffix(5) { print("  \(e.date) \(e.message)") }
         }
     }
 }
@@ -410,8 +382,6 @@ struct Status: ParsableCommand {
 /// This build's version (`ubiquityfs --version`).
 let ubiquityVersion = "0.5.0"
 
-/// "1 item", "2 items".
-func counted(_ count: Int, _ noun: String) -> String { "\(count) \(noun)\(count == 1 ? "" : "s")" }
 
 func formatBytes(_ bytes: UInt64) -> String {
     let units = ["B", "KiB", "MiB", "GiB", "TiB"]

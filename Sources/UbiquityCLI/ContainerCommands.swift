@@ -3,6 +3,7 @@ import Foundation
 #if canImport(Glibc)
 import Glibc
 #endif
+import UbiquityDaemon
 import UbiquityReplica
 import UbiquityStore
 
@@ -53,12 +54,10 @@ struct ContainerCreate: ParsableCommand {
     @OptionGroup var storeOption: StoreOption
 
     func run() throws {
-        do {
-            let config = ContainerConfig(id: id, displayName: name ?? id, documentScopePublic: `public`,
-                                         supportedFolderLevels: folderLevels)
-            try storeOption.open().createContainer(config)
-            printContainer(config)
-        } catch { fail(error) }
+        let config = ContainerConfig(id: id, displayName: name ?? id, documentScopePublic: `public`,
+                                     supportedFolderLevels: folderLevels)
+        try storeOption.open().createContainer(config)
+        printContainer(config)
     }
 }
 
@@ -68,25 +67,23 @@ struct ContainerList: ParsableCommand {
     @Flag(help: "Print JSON (one object per line).") var json = false
 
     func run() throws {
-        do {
-            let listing = try storeOption.open().containers()
-            if !json && !listing.configs.isEmpty { print("ID\tNAME\tDOCUMENTS\tFOLDER LEVELS") }
-            for c in listing.configs {
-                if json {
-                    print(String(decoding: try JSONEncoder().encode(c), as: UTF8.self))
-                } else {
-                    print("\(c.id)\t\(c.displayName)\t\(c.documentScopePublic ? "public" : "private")\t\(c.supportedFolderLevels.rawValue)")
-                }
+        let listing = try storeOption.open().containers()
+        if !json && !listing.configs.isEmpty { print("ID\tNAME\tDOCUMENTS\tFOLDER LEVELS") }
+        for c in listing.configs {
+            if json {
+                print(String(decoding: try JSONEncoder().encode(c), as: UTF8.self))
+            } else {
+                print("\(c.id)\t\(c.displayName)\t\(c.documentScopePublic ? "public" : "private")\t\(c.supportedFolderLevels.rawValue)")
             }
-            // The others are listed; a damaged one is an error, named on stderr.
-            if !listing.damaged.isEmpty {
-                fflush(nil)
-                for (id, problem) in listing.damaged {
-                    FileHandle.standardError.write(Data("ubiquityfs: container \(id): \(problem)\n".utf8))
-                }
-                Glibc.exit(1)
+        }
+        // The others are listed; a damaged one is an error, named on stderr.
+        if !listing.damaged.isEmpty {
+            fflush(nil)
+            for (id, problem) in listing.damaged {
+                FileHandle.standardError.write(Data("ubiquityfs: container \(id): \(problem)\n".utf8))
             }
-        } catch { fail(error) }
+            throw ExitCode.failure
+        }
     }
 }
 
@@ -96,10 +93,8 @@ struct ContainerShow: ParsableCommand {
     @OptionGroup var storeOption: StoreOption
 
     func run() throws {
-        do {
-            guard let c = try storeOption.open().containerConfig(id) else { throw UbiquityError(ENOENT, "no container \(id)") }
-            printContainer(c)
-        } catch { fail(error) }
+        guard let c = try storeOption.open().containerConfig(id) else { throw UbiquityError(ENOENT, "no container \(id)") }
+        printContainer(c)
     }
 }
 
@@ -112,14 +107,12 @@ struct ContainerSet: ParsableCommand {
     @OptionGroup var storeOption: StoreOption
 
     func run() throws {
-        do {
-            let store = try storeOption.open()
-            guard var c = try store.containerConfig(id) else { throw UbiquityError(ENOENT, "no container \(id)") }
-            if let name { c.displayName = name }
-            if let p = `public` { c.documentScopePublic = p }
-            if let folderLevels { c.supportedFolderLevels = folderLevels }
-            try store.updateContainer(c)
-            printContainer(c)
-        } catch { fail(error) }
+        let store = try storeOption.open()
+        guard var c = try store.containerConfig(id) else { throw UbiquityError(ENOENT, "no container \(id)") }
+        if let name { c.displayName = name }
+        if let p = `public` { c.documentScopePublic = p }
+        if let folderLevels { c.supportedFolderLevels = folderLevels }
+        try store.updateContainer(c)
+        printContainer(c)
     }
 }

@@ -1,6 +1,7 @@
 import ArgumentParser
 import Foundation
 import UbiquityFUSE
+import UbiquityProtocol
 import UbiquityReplica
 import UbiquityStore
 #if canImport(Glibc)
@@ -33,16 +34,11 @@ struct Download: ParsableCommand {
 
     func run() throws {
         var bar = ProgressLine()
-        do {
-            try MountLocator.run("download", paths: paths, extra: ["recursive": recursive]) { p in
-                bar.show(done: UInt64(p["bytes"] as? Int ?? 0), total: UInt64(p["totalBytes"] as? Int ?? 0),
-                         items: p["items"] as? Int ?? 0, totalItems: p["total"] as? Int ?? 0)
-            }
-        } catch {
-            bar.finish()
-            fail(error)
-        }
-        bar.finish()
+        defer { bar.finish() }
+        try MountLocator.run(paths: paths, onUpdate: { update in
+            guard case .downloading(let p) = update else { return }
+            bar.show(done: p.bytes, total: p.totalBytes, items: p.items, totalItems: p.totalItems)
+        }) { .download(paths: $0, recursive: recursive) }
     }
 }
 
@@ -56,7 +52,7 @@ struct Evict: ParsableCommand {
             """)
     @Argument(help: "Files or folders inside a mount.") var paths: [String]
     func run() throws {
-        do { try MountLocator.run("evict", paths: paths) } catch { fail(error) }
+        try MountLocator.run(paths: paths) { .evict(paths: $0) }
     }
 }
 
@@ -65,7 +61,7 @@ struct Pin: ParsableCommand {
         abstract: "Keep items on this device (a pinned folder keeps what arrives in it later).")
     @Argument(help: "Files or folders inside a mount.") var paths: [String]
     func run() throws {
-        do { try MountLocator.run("pin", paths: paths) } catch { fail(error) }
+        try MountLocator.run(paths: paths) { .pin(paths: $0) }
     }
 }
 
@@ -73,7 +69,7 @@ struct Unpin: ParsableCommand {
     static let configuration = CommandConfiguration(abstract: "Stop keeping items on this device.")
     @Argument(help: "Files or folders inside a mount.") var paths: [String]
     func run() throws {
-        do { try MountLocator.run("unpin", paths: paths) } catch { fail(error) }
+        try MountLocator.run(paths: paths) { .unpin(paths: $0) }
     }
 }
 
@@ -82,19 +78,17 @@ struct Versions: ParsableCommand {
         abstract: "List the current version of an item and its unresolved conflict versions.")
     @Argument(help: "A file inside a mount.") var path: String
     func run() throws {
-        var rows: [[String: Any]] = []
-        do {
-            try MountLocator.run("versions", paths: [path], onLine: { line in
-                if let list = line["versions"] as? [[String: Any]] { rows = list }
-            })
-        } catch { fail(error) }
+        let (mountpoint, components) = try MountLocator.locate(path)
+        let daemon = try MountLocator.daemon(of: mountpoint)
+        let list = try ControlClient.call(socket: daemon.socket, ControlRequest(.versions(path: components)),
+                                          expecting: ItemVersions.self)
         print("VERSION  DEVICE            MODIFIED              SIZE        PATH")
-        for row in rows {
-            let label = (row["label"] as? String ?? "").padding(toLength: 8, withPad: " ", startingAt: 0)
-            let device = (row["device"] as? String ?? "").padding(toLength: 17, withPad: " ", startingAt: 0)
-            let modified = (row["modified"] as? String ?? "").padding(toLength: 21, withPad: " ", startingAt: 0)
-            let size = formatBytes(UInt64(row["size"] as? Int ?? 0)).padding(toLength: 11, withPad: " ", startingAt: 0)
-            print("\(label) \(device) \(modified) \(size) \(row["path"] ?? "")")
+        for version in list.versions {
+            let label = version.label.padding(toLength: 8, withPad: " ", startingAt: 0)
+            let device = version.device.padding(toLength: 17, withPad: " ", startingAt: 0)
+            let modified = version.modified.padding(toLength: 21, withPad: " ", startingAt: 0)
+            let size = formatBytes(version.size).padding(toLength: 11, withPad: " ", startingAt: 0)
+            print("\(label) \(device) \(modified) \(size) \(version.path)")
         }
     }
 }
@@ -104,13 +98,19 @@ struct Resolve: ParsableCommand {
         abstract: "Resolve the conflicts of an item.",
         discussion: "--keep current deletes the conflicted copies; --keep N keeps conflict version N under the item's name; --keep both keeps every version as its own file.")
     @Argument(help: "A file inside a mount.") var path: String
-    @Option(help: "current, both, or a version number from `ubiquityfs versions`.") var keep: String
+    @Option(help: "current, both, or a version number from `ubiquityfs versions`.") var keep: ConflictKeep
     func run() throws {
         do {
-            try MountLocator.run("resolve", paths: [path], extra: ["keep": keep])
+            try MountLocator.run(paths: [path]) { .resolve(paths: $0, keep: keep) }
+        } catch let error as ControlError {
+            throw ControlError(error.code, "\(path): \(error)", errno: error.errno)
         } catch {
-            let e = UbiquityError.wrap(error)
-            fail(UbiquityError(e.errno, "\(path): \(e)"))
+            let failure = UbiquityError.wrap(error)
+            throw UbiquityError(failure.errno, "\(path): \(failure)")
         }
     }
+}
+
+extension ConflictKeep: ExpressibleByArgument {
+    public init?(argument: String) { self.init(argument) }
 }

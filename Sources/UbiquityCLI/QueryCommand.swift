@@ -1,6 +1,8 @@
 import ArgumentParser
 import Foundation
 import UbiquityControl
+import UbiquityDaemon
+import UbiquityProtocol
 import UbiquityReplica
 import UbiquityStore
 import UbiquitySync
@@ -23,7 +25,7 @@ struct QueryCommand: ParsableCommand {
     @Argument(help: "A ubiquityfs mountpoint (default: the mount of --container, or the only mount).") var mountpoint: String?
     @Option(help: "Container ID.") var container: String?
     @OptionGroup var storeOptions: StoreOptions
-    @Option(help: "Scope: documents, data or all (repeatable; default all).") var scope: [QueryService.Scope] = []
+    @Option(help: "Scope: documents, data or all (repeatable; default all).") var scope: [Scope] = []
     @Option(help: "Predicate (default: every item).") var predicate = "TRUEPREDICATE"
     @Option(parsing: .unconditional, help: "Sort keys, comma-separated; a leading - sorts descending (e.g. name,-size).")
     var sort: String?
@@ -37,16 +39,12 @@ struct QueryCommand: ParsableCommand {
     }
 
     func run() throws {
-        let scopes = scope.isEmpty ? [QueryService.Scope.all] : scope
-        do {
-            if let socket = try socketPath() {
-                try remote(socket: socket, scopes: scopes)
-            } else {
-                guard !watch else { throw UbiquityError(EINVAL, "--watch needs a running mount of the container") }
-                try local(scopes: scopes)
-            }
-        } catch {
-            fail(error)
+        let scopes = scope.isEmpty ? [Scope.all] : scope
+        if let socket = try socketPath() {
+            try remote(socket: socket, scopes: scopes)
+        } else {
+            guard !watch else { throw UbiquityError(EINVAL, "--watch needs a running mount of the container") }
+            try local(scopes: scopes)
         }
     }
 
@@ -63,24 +61,22 @@ struct QueryCommand: ParsableCommand {
             return mounts[0].socket
         }
         for mount in mounts {
-            var status: [String: Any]?
-            try? ControlClient.call(socket: mount.socket, ["command": "describe"]) { status = $0 }
             // A mount that shows this container (of this store, if one was named).
-            guard (status?["containers"] as? [String] ?? []).contains(container) else { continue }
-            if let address = storeOptions.address, status?["store"] as? String != address.shownLocation { continue }
+            guard let shown = try? ControlClient.call(socket: mount.socket, ControlRequest(.describe), expecting: MountDescription.self),
+                  shown.containers.contains(container) else { continue }
+            if let address = storeOptions.address, shown.store != address.shownLocation { continue }
             return mount.socket
         }
         return nil
     }
 
-    func remote(socket: String, scopes: [QueryService.Scope]) throws {
-        var failure: String?
-        var request: [String: Any] = ["command": "query", "scopes": scopes.map(\.rawValue), "predicate": predicate,
-                                      "watch": watch, "throttle": throttle]
-        if let sort { request["sort"] = sort }
-        if mountpoint == nil, let container { request["container"] = container }
-        var rows: [[String: Any]] = []
-        // JSON out: result and update lines are printed exactly as the daemon wrote them.
+    func remote(socket: String, scopes: [Scope]) throws {
+        let request = ControlRequest(.query(QueryParameters(predicate: predicate, sort: sort, scopes: scopes,
+                                                            container: mountpoint == nil ? container : nil,
+                                                            watch: watch, throttle: throttle)))
+        var rows: [[String: JSONValue]] = []
+        // JSON out: the daemon's hand-written item lines are printed as they
+        // come (without decoding 100,000 of them), the others as decoded.
         let passThrough: ((Data) -> Bool)? = json ? { line in
             guard line.starts(with: Data("{\"event\":\"".utf8)), !line.starts(with: Data("{\"event\":\"heartbeat".utf8)) else {
                 return false
@@ -88,26 +84,25 @@ struct QueryCommand: ParsableCommand {
             FileHandle.standardOutput.write(line + Data([0x0a]))
             return true
         } : nil
-        try ControlClient.call(socket: socket, request, raw: passThrough) { line in
-            if let error = line["error"] as? String { failure = error; return }
-            guard let event = line["event"] as? String else { return }
-            if event == "heartbeat" { return }
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
+        _ = try ControlClient.call(socket: socket, request, expecting: QueryFinished.self, rawLine: passThrough) { update in
+            guard case .event(let event) = update, event.event != .heartbeat else { return }
             if json {
-                printJSON(line)
-            } else if event == "result" && !watch {
-                if let item = line["item"] as? [String: Any] { rows.append(item) }
-            } else if event == "gatheringFinished" {
-                print("-- gathering finished: \(line["count"] ?? 0) items --")
-            } else if let item = line["item"] as? [String: Any] {
-                print("\(event.padding(toLength: 8, withPad: " ", startingAt: 0)) \(row(item))")
+                if let line = try? encoder.encode(event) { FileHandle.standardOutput.write(line + Data([0x0a])) }
+            } else if event.event == .result && !watch {
+                if let item = event.item { rows.append(item) }
+            } else if event.event == .gatheringFinished {
+                print("-- gathering finished: \(event.count ?? 0) items --")
+            } else if let item = event.item {
+                print("\(event.event.rawValue.padding(toLength: 8, withPad: " ", startingAt: 0)) \(row(item))")
             }
             fflush(nil)
         }
-        if let failure { throw UbiquityError(EINVAL, failure) }
         if !json && !watch { printTable(rows) }
     }
 
-    func local(scopes: [QueryService.Scope]) throws {
+    func local(scopes: [Scope]) throws {
         guard let container else { throw UbiquityError(EINVAL, "give a mountpoint or --container") }
         let locations = Locations()
         let address = storeOptions.address ?? StoreAddress(url: locations.defaultStore.path)
@@ -118,29 +113,28 @@ struct QueryCommand: ParsableCommand {
         let query = try Query(predicate: predicate, sort: sort)
         let results = QueryService.run(query, scopes: scopes, records: SyncEngine.collectItems(in: ns))
         if json {
-            for (_, item) in results { printJSON(["event": "result", "item": QueryService.json(item)]) }
+            let encoder = JSONEncoder()
+            encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
+            for (_, item) in results {
+                print(String(decoding: try encoder.encode(QueryEvent(.result, item: QueryService.json(item))), as: UTF8.self))
+            }
         } else {
             printTable(results.map { QueryService.json($0.1) })
         }
     }
 
-    func printJSON(_ object: [String: Any]) { print(jsonLine(object)) }
-
-    func jsonLine(_ object: [String: Any]) -> String {
-        guard let data = try? JSONSerialization.data(withJSONObject: object, options: [.sortedKeys]) else { return "{}" }
-        return String(decoding: data, as: UTF8.self)
+    func row(_ item: [String: JSONValue]) -> String {
+        let size = item["isDirectory"]?.bool ?? false ? "-" : formatBytes(UInt64(item["size"]?.number ?? 0))
+        let status = "\(item["downloadingStatus"]?.string ?? "")\(item["isUploaded"]?.bool ?? true ? "" : ", not uploaded")"
+            + (item["hasUnresolvedConflicts"]?.bool ?? false ? ", conflicts" : "")
+        return "\(size.padding(toLength: 10, withPad: " ", startingAt: 0)) \(status.padding(toLength: 28, withPad: " ", startingAt: 0)) \(item["path"]?.string ?? "")"
     }
 
-    func row(_ item: [String: Any]) -> String {
-        let size = (item["isDirectory"] as? Bool ?? false) ? "-" : formatBytes(UInt64(item["size"] as? Int ?? 0))
-        let status = "\(item["downloadingStatus"] ?? "")\((item["isUploaded"] as? Bool ?? true) ? "" : ", not uploaded")"
-            + ((item["hasUnresolvedConflicts"] as? Bool ?? false) ? ", conflicts" : "")
-        return "\(size.padding(toLength: 10, withPad: " ", startingAt: 0)) \(status.padding(toLength: 28, withPad: " ", startingAt: 0)) \(item["path"] ?? "")"
-    }
-
-    func printTable(_ rows: [[String: Any]]) {
+    func printTable(_ rows: [[String: JSONValue]]) {
         print("SIZE       STATUS                       PATH")
         for item in rows { print(row(item)) }
         print("(\(rows.count) items)")
     }
 }
+
+extension Scope: ExpressibleByArgument {}

@@ -40,6 +40,7 @@ import pytest
 
 from conftest import (
     BIN,
+    CONTROL_PROTOCOL,
     EXIT_TIMEOUT,
     Device,
     is_mounted,
@@ -332,7 +333,8 @@ def test_deep_predicates_and_oversized_requests_are_refused(make_device):
 
     sock = control_socket(a)
     replies = {
-        "deep predicate": request(sock, json.dumps({"command": "query", "predicate": deep}).encode() + b"\n"),
+        "deep predicate": request(sock, json.dumps({"protocol": CONTROL_PROTOCOL, "command": "query",
+                                                    "predicate": deep}).encode() + b"\n"),
         "2 MiB request": request(sock, b'{"command":"status","pad":"' + b"x" * (2 << 20) + b'"}\n'),
         "deep JSON": request(sock, b"[" * 500_000 + b"\n"),
         "not JSON": request(sock, b"\xff\xfe\n"),
@@ -343,7 +345,7 @@ def test_deep_predicates_and_oversized_requests_are_refused(make_device):
     assert b"not a JSON object" in replies["not JSON"], replies["not JSON"][:300]
     # A long flat chain is fine (no depth): 60,000 comparisons in one request.
     chain = " AND ".join(["size >= 0"] * 60_000)
-    reply = request(sock, json.dumps({"command": "query", "predicate": chain}).encode() + b"\n")
+    reply = request(sock, json.dumps({"protocol": CONTROL_PROTOCOL, "command": "query", "predicate": chain}).encode() + b"\n")
     assert b"f.txt" in reply and b'"ok":true' in reply, reply[-300:]
 
     assert pid_alive(a.pid), "the daemon died"

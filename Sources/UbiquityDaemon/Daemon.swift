@@ -3,6 +3,7 @@ import Logging
 import Synchronization
 import UbiquityFS
 import UbiquityFUSE
+import UbiquityProtocol
 import UbiquityReplica
 import UbiquityStore
 import UbiquitySync
@@ -10,30 +11,32 @@ import UbiquitySync
 import Glibc
 #endif
 
-/// What `mount` asks for, after argument parsing.
-struct MountRequest: Sendable {
-    var mountpoint: String
-    /// nil: the drive view.
-    var container: String?
-    var scope: QueryService.Scope = .all
-    var fuseOptions: [String] = []
-}
-
 /// What the daemon process runs with (from the `mount` that started it).
-struct DaemonSettings: Sendable {
+package struct DaemonSettings: Sendable {
     /// nil: the default folder store.
-    var store: StoreAddress?
-    var foreground = false
+    package var store: StoreAddress?
+    package var foreground: Bool
     /// Seconds between journal polls (the folder store also wakes the puller through inotify).
-    var pollInterval: Double = 1
+    package var pollInterval: Double
     /// Bytes of downloaded content to keep at most, per container.
-    var cacheLimit: UInt64?
+    package var cacheLimit: UInt64?
     /// This device's name (shown in conflicted-copy names); default: the host name.
-    var deviceName: String?
+    package var deviceName: String?
     /// A new store is made shared by its folder's group (`FolderStore.shared`).
-    var sharedStore = false
+    package var sharedStore: Bool
     /// Write "ready"/"error" here (the background parent waits on it).
-    var notifyFD: Int32?
+    package var notifyFD: Int32?
+
+    package init(store: StoreAddress?, foreground: Bool = false, pollInterval: Double = 1, cacheLimit: UInt64? = nil,
+                 deviceName: String? = nil, sharedStore: Bool = false, notifyFD: Int32? = nil) {
+        self.store = store
+        self.foreground = foreground
+        self.pollInterval = pollInterval
+        self.cacheLimit = cacheLimit
+        self.deviceName = deviceName
+        self.sharedStore = sharedStore
+        self.notifyFD = notifyFD
+    }
 }
 
 /// The daemon: one process per device (data home) and store, serving every
@@ -51,7 +54,7 @@ struct DaemonSettings: Sendable {
 /// refreshes the drives' folders from the store's container list.
 /// Lock order: `opening` (held while a container opens or closes) before
 /// `state`; neither is held while serving a request.
-final class Daemon: @unchecked Sendable {
+package final class Daemon: @unchecked Sendable {
     static let defaultContainer = "com.ubiquityfs.default"
 
     let settings: DaemonSettings
@@ -87,7 +90,7 @@ final class Daemon: @unchecked Sendable {
     let driveSlots = Mutex([String: Int]())
     let everyMountEnded = DispatchSemaphore(value: 0)
 
-    init(settings: DaemonSettings) {
+    package init(settings: DaemonSettings) {
         self.settings = settings
     }
 
@@ -95,7 +98,7 @@ final class Daemon: @unchecked Sendable {
     var storePath: String { store.locationDescription }
 
     /// Check the mountpoint: exists, is a directory, is empty, is not mounted.
-    static func validateMountpoint(_ path: String) throws -> String {
+    package static func validateMountpoint(_ path: String) throws -> String {
         var st = stat()
         guard stat(path, &st) == 0 else {
             let code = errno
@@ -145,14 +148,14 @@ final class Daemon: @unchecked Sendable {
     }
 
     /// Mount `request`; returns the containers created in the store for it.
-    func mountReportingCreated(_ request: MountRequest) throws -> [String] {
+    func mountReportingCreated(_ request: MountParameters) throws -> [String] {
         let before = createdContainers.withLock { $0.count }
         try mount(request)
         return createdContainers.withLock { Array($0.dropFirst(before)) }
     }
 
     /// Serve `first`, then every mount that joins, until the last one ends.
-    func run(first: MountRequest) throws {
+    package func run(first: MountParameters) throws {
         // Few malloc arenas: 16 FUSE threads per mount must not each keep their own heap.
         LinuxCalls.limitMallocArenas(2)
         _ = try Self.validateMountpoint(first.mountpoint)
@@ -177,8 +180,8 @@ final class Daemon: @unchecked Sendable {
 
         try forwardSignals()
         let socketPath = locations.daemonSocket(store: storeKeyPath).path
-        let server = try ControlServer(path: socketPath, logger: logger) { [self] req, connection in
-            handleDaemonRequest(req, connection)
+        let server = try ControlServer(path: socketPath, logger: logger) { [self] command, connection in
+            handleDaemonRequest(command, connection)
         }
         let created: [String]
         do {
@@ -204,40 +207,34 @@ final class Daemon: @unchecked Sendable {
     /// The store as `mount` names it (the daemon's socket is keyed on it).
     var storeKeyPath: String { settings.store?.key ?? locations.defaultStore.path }
 
-    /// `mount` of a daemon already running: add the mountpoint.
-    func handleDaemonRequest(_ req: [String: Any], _ connection: ControlConnection) {
+    /// A request on the store's socket: `ping`, or `mount` of a daemon
+    /// already running (add the mountpoint).
+    func handleDaemonRequest(_ command: Command, _ connection: ControlConnection) {
         defer { connection.close() }
-        switch req["command"] as? String {
-        case "mount": break
-        case "ping":
-            connection.send(["ok": true, "pid": Int(getpid())])
-            return
+        switch command {
+        case .ping:
+            connection.finish(DaemonInfo(pid: getpid()))
+        case .mount(let request):
+            if request.sharedStore, (store as? FolderStore)?.shared != true {
+                connection.fail(UbiquityError(EPERM, "store \(storePath) is private (made without --shared-store); its files are its owner's only"))
+            } else if let name = request.deviceName, name != device.name {
+                connection.fail(UbiquityError(EINVAL, "this device's daemon (pid \(getpid())) runs as device '\(device.name)'; unmount its mounts to rename the device"))
+            } else {
+                do {
+                    let created = try mountReportingCreated(request)
+                    connection.finish(MountReady(pid: getpid(), log: logPath, created: created))
+                } catch {
+                    connection.fail(error)
+                }
+            }
         default:
-            connection.send(["error": "unknown command"])
-            return
-        }
-        if req["sharedStore"] as? Bool == true, (store as? FolderStore)?.shared != true {
-            connection.send(["error": "store \(storePath) is private (made without --shared-store); its files are its owner's only"])
-            return
-        }
-        if let name = req["deviceName"] as? String, name != device.name {
-            connection.send(["error": "this device's daemon (pid \(getpid())) runs as device '\(device.name)'; unmount its mounts to rename the device"])
-            return
-        }
-        let request = MountRequest(mountpoint: req["mountpoint"] as? String ?? "", container: req["container"] as? String,
-                                   scope: (req["scope"] as? String).flatMap(QueryService.Scope.init(rawValue:)) ?? .all,
-                                   fuseOptions: req["fuseOptions"] as? [String] ?? [])
-        do {
-            let created = try mountReportingCreated(request)
-            connection.send(["ready": true, "pid": Int(getpid()), "log": logPath, "created": created])
-        } catch {
-            connection.send(["error": "\(UbiquityError.wrap(error))"])
+            connection.fail(ControlError(.unknownCommand, "the store's daemon socket serves ping and mount, not \(command.name) (ask the mount's socket)"))
         }
     }
 
     // MARK: - Mounts
 
-    func mount(_ request: MountRequest) throws {
+    func mount(_ request: MountParameters) throws {
         let mountpoint = try Self.validateMountpoint(request.mountpoint)
         try state.withLock { s in
             if s.stopping { throw UbiquityError(EAGAIN, "the daemon is stopping; try again") }
@@ -254,7 +251,7 @@ final class Daemon: @unchecked Sendable {
         }
     }
 
-    func mount(_ request: MountRequest, at mountpoint: String) throws {
+    func mount(_ request: MountParameters, at mountpoint: String) throws {
         let host: MountHost
         if let id = request.container {
             let container = try openContainer(id, create: true)
@@ -530,9 +527,12 @@ final class Daemon: @unchecked Sendable {
         return faulty
     }
 
-    static func notify(_ fd: Int32, _ message: String) {
+    package static func notify(_ fd: Int32, _ message: String) {
         let line = message + "\n"
         _ = line.withCString { write(fd, $0, strlen($0)) }
         close(fd)
     }
 }
+
+/// "1 item", "2 items".
+package func counted(_ count: Int, _ noun: String) -> String { "\(count) \(noun)\(count == 1 ? "" : "s")" }

@@ -1,58 +1,12 @@
 import Foundation
+import UbiquityDaemon
 import UbiquityFUSE
+import UbiquityProtocol
 import UbiquityReplica
 import UbiquityStore
 #if canImport(Glibc)
 import Glibc
 #endif
-
-/// What this device knows of one of its mounts: the daemon serving it and
-/// that daemon's control socket, in `$XDG_DATA_HOME/ubiquityfs/mounts/`
-/// (owner-only, keyed by mountpoint). The daemon writes it once the mount is
-/// ready and removes it when the mount ends.
-///
-/// The mount names its daemon too (its source is `ubiquityfs:PID`). A mount
-/// whose pid matches this device's record is this device's mount; any other
-/// ubiquityfs mount belongs to another device or user, and a record the mount
-/// does not name is stale. So a command finds the daemon of a mount from the
-/// mount and the data home, never from the environment's runtime directory:
-/// `su`, cron or another shell reach the same daemon, and never mistake a
-/// live mount for a dead one.
-struct MountRecord: Codable, Equatable {
-    var mountpoint: String
-    var pid: Int32
-    var socket: String
-
-    /// Write the record (owner-only, replaced atomically).
-    func save(_ locations: Locations) throws {
-        let url = locations.mountRecord(mountpoint: mountpoint)
-        try FileManager.default.createDirectory(at: url.deletingLastPathComponent(), withIntermediateDirectories: true,
-                                                attributes: [.posixPermissions: 0o700])
-        let data = try JSONEncoder().encode(self)
-        let tmp = url.path + ".tmp-\(getpid())"
-        let fd = try syscallRetrying("create \(tmp)") { open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600) }
-        let written = data.withUnsafeBytes { write(fd, $0.baseAddress, $0.count) }
-        close(fd)
-        guard written == data.count, rename(tmp, url.path) == 0 else {
-            let error = UbiquityError.posix("write \(url.path)")
-            unlink(tmp)
-            throw error
-        }
-    }
-
-    static func load(_ locations: Locations, mountpoint: String) -> MountRecord? {
-        guard let data = FileManager.default.contents(atPath: locations.mountRecord(mountpoint: mountpoint).path) else { return nil }
-        return try? JSONDecoder().decode(MountRecord.self, from: data)
-    }
-
-    /// Remove the record of `mountpoint` if it still names `pid` (a new
-    /// mount there has its own).
-    static func remove(_ locations: Locations, mountpoint: String, pid: Int32) {
-        if load(locations, mountpoint: mountpoint)?.pid == pid {
-            unlink(locations.mountRecord(mountpoint: mountpoint).path)
-        }
-    }
-}
 
 /// Finding which mount a path belongs to, and the daemon serving it.
 enum MountLocator {
@@ -98,10 +52,11 @@ enum MountLocator {
         throw UbiquityError(EINVAL, "\(absolute) is not inside a ubiquityfs mount")
     }
 
-    /// Send a request about `paths` to the daemon(s) serving them, printing
-    /// progress; fails with the daemon's message.
-    static func run(_ command: String, paths: [String], extra: [String: Any] = [:],
-                    progress: (([String: Any]) -> Void)? = nil, onLine: (([String: Any]) -> Void)? = nil) throws {
+    /// Send a request about `paths` to the daemon(s) serving them (one
+    /// request per mount, made by `command` from the paths below it), passing
+    /// updates to `onUpdate`; fails with the daemon's error.
+    static func run(paths: [String], onUpdate: (Update) -> Void = { _ in },
+                    _ command: (_ paths: [[String]]) -> Command) throws {
         var byMount: [String: [[String]]] = [:]
         for path in paths {
             let (mountpoint, components) = try locate(path)
@@ -109,19 +64,12 @@ enum MountLocator {
         }
         for (mountpoint, components) in byMount.sorted(by: { $0.key < $1.key }) {
             let daemon = try daemon(of: mountpoint)
-            var request = extra
-            request["command"] = command
-            request["paths"] = components
-            var failure: UbiquityError?
-            var ok = false
-            try ControlClient.call(socket: daemon.socket, request) { line in
-                if let p = line["progress"] as? [String: Any] { progress?(p) }
-                onLine?(line)
-                if let e = line["error"] as? String { failure = UbiquityError(Int32(line["errno"] as? Int ?? Int(EIO)), e) }
-                if line["ok"] != nil { ok = true }
+            do {
+                _ = try ControlClient.call(socket: daemon.socket, ControlRequest(command(components)), expecting: NoResult.self,
+                                           onUpdate: onUpdate)
+            } catch let error as ControlError where error.code == .noAnswer {
+                throw UbiquityError(EIO, "the daemon of \(mountpoint) did not answer")
             }
-            if let failure { throw failure }
-            guard ok else { throw UbiquityError(EIO, "the daemon of \(mountpoint) did not answer") }
         }
     }
 }

@@ -1,86 +1,11 @@
 import ArgumentParser
 import Foundation
-import UbiquityReplica
+import UbiquityDaemon
 import UbiquityS3
-import UbiquityStore
 #if canImport(Glibc)
 import Glibc
+import UbiquityStore
 #endif
-
-/// Which store a command means, and how to reach it: a folder (an absolute
-/// path) or an S3 location (`s3://BUCKET/PREFIX` with its server options).
-/// Never holds a secret: S3 credentials are looked up the AWS way when the
-/// store is opened (environment, `~/.aws/credentials`, `~/.aws/config`).
-struct StoreAddress: Codable, Sendable, Equatable {
-    /// An absolute folder path, or `s3://BUCKET/PREFIX`.
-    var url: String
-    var endpoint: String?
-    var region: String?
-    var addressing: String?
-    var profile: String?
-
-    var isS3: Bool { S3Location.isS3URL(url) }
-
-    /// One daemon per store and device: the key of its socket and of the
-    /// store ID this device remembers for it.
-    var key: String {
-        guard isS3 else { return url }
-        return [url, endpoint ?? "aws", region ?? "", addressing ?? ""].joined(separator: " ")
-    }
-
-    /// The store as a daemon's status names it (`Store.locationDescription`).
-    var shownLocation: String { isS3 ? ((try? s3Location().description) ?? url) : url }
-
-    /// What messages show.
-    var description: String { isS3 ? url + (endpoint.map { " at \($0)" } ?? "") : url }
-
-    /// The arguments that give this store to `mount` (the spawned daemon).
-    var arguments: [String] {
-        var args = ["--store", url]
-        if let endpoint { args += ["--endpoint", endpoint] }
-        if let region { args += ["--region", region] }
-        if let addressing { args += ["--addressing", addressing] }
-        if let profile { args += ["--profile", profile] }
-        return args
-    }
-
-    /// The S3 location (throws on a malformed URL or option).
-    func s3Location() throws -> S3Location {
-        let environment = ProcessInfo.processInfo.environment
-        let region = region ?? AWSCredentials.region(profile: profile, environment: environment, home: Self.home)
-        let style = try addressing.map { value -> S3Location.Addressing in
-            guard let style = S3Location.Addressing(rawValue: value) else {
-                throw UbiquityError(EINVAL, "--addressing must be path or virtual (got '\(value)')")
-            }
-            return style
-        }
-        return try S3Location(url: url, endpoint: endpoint, region: region, addressing: style)
-    }
-
-    static var home: String { ProcessInfo.processInfo.environment["HOME"] ?? NSHomeDirectory() }
-
-    /// Open an S3 store. `knownStoreID`: see `S3Store.init`.
-    func openS3(knownStoreID: String?) throws -> S3Store {
-        let location = try s3Location()
-        let credentials = try AWSCredentials.resolve(profile: profile, environment: ProcessInfo.processInfo.environment, home: Self.home)
-        return try S3Store(location: location, credentials: credentials, knownStoreID: knownStoreID)
-    }
-
-    /// The file where this device keeps the ID of the store it used here.
-    func knownStoreFile(_ locations: Locations) -> URL {
-        locations.dataHome.appendingPathComponent("known-stores").appendingPathComponent(ContentCopy.hash(of: Data(key.utf8)))
-    }
-
-    func knownStoreID(_ locations: Locations) -> String? {
-        (try? String(contentsOf: knownStoreFile(locations), encoding: .utf8))?.trimmingCharacters(in: .whitespacesAndNewlines)
-    }
-
-    func rememberStoreID(_ id: String, _ locations: Locations) {
-        let file = knownStoreFile(locations)
-        try? FileManager.default.createDirectory(at: file.deletingLastPathComponent(), withIntermediateDirectories: true)
-        try? id.write(to: file, atomically: true, encoding: .utf8)
-    }
-}
 
 /// The options that name a store, shared by every command that opens one.
 struct StoreOptions: ParsableArguments {

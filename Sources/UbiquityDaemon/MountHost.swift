@@ -3,6 +3,7 @@ import Logging
 import Synchronization
 import UbiquityFS
 import UbiquityFUSE
+import UbiquityProtocol
 import UbiquityReplica
 import UbiquityS3
 import UbiquityStore
@@ -19,7 +20,7 @@ import Glibc
 /// turns a path into the container and inode it names.
 final class MountHost: @unchecked Sendable {
     enum Kind {
-        case container(id: String, scope: QueryService.Scope)
+        case container(id: String, scope: Scope)
         case drive(DriveFileSystem)
     }
 
@@ -78,7 +79,7 @@ final class MountHost: @unchecked Sendable {
         try session.mount(options: options + fuseOptions)
         do {
             control = try ControlServer(path: socket, logger: logger) {
-                [self] req, connection in handleControl(req, connection)
+                [self] command, connection in handleControl(command, connection)
             }
             try MountRecord(mountpoint: mountpoint, pid: getpid(), socket: socket).save(daemon.locations)
         } catch {
@@ -109,15 +110,14 @@ final class MountHost: @unchecked Sendable {
         control?.stop()
         MountRecord.remove(daemon.locations, mountpoint: mountpoint, pid: getpid())
         let waiter = unmountWaiter.withLock { $0 }
-        var answer: [String: Any] = ["ok": true]
         do {
             try daemon.release(hosts, drain: waiter.map { waiter in
-                { items, bytes in _ = waiter.send(["progress": ["items": items, "bytes": bytes]]) }
+                { items, bytes in _ = waiter.send(.pushing(PushProgress(itemsLeft: items, bytesLeft: bytes))) }
             })
+            waiter?.finish(NoResult())
         } catch {
-            answer = ["error": "\(error)"]
+            waiter?.fail(error)
         }
-        waiter?.send(answer)
         waiter?.close(force: true)
         daemon.mountEnded(self)
     }
@@ -142,7 +142,7 @@ final class MountHost: @unchecked Sendable {
     /// Where a container's items show in this mount: its path from the
     /// container's root → its absolute path on this machine (the mountpoint
     /// and the path below it), so that a result can be opened as it is.
-    func visibleSources(scopes: [QueryService.Scope]) throws -> [QuerySource] {
+    func visibleSources(scopes: [Scope]) throws -> [QuerySource] {
         let hosts = self.hosts
         let root = mountpoint == "/" ? "" : mountpoint
         switch kind {
@@ -197,21 +197,21 @@ final class MountHost: @unchecked Sendable {
 
     // MARK: - Control requests
 
-    func handleControl(_ req: [String: Any], _ connection: ControlConnection) {
+    func handleControl(_ command: Command, _ connection: ControlConnection) {
         defer { connection.close() }
-        let paths = (req["paths"] as? [[String]] ?? []).map { $0.map { FileName($0) } }
-        switch req["command"] as? String {
-        case "status":
-            connection.send(["status": statusReport()])
-        case "describe":
+        switch command {
+        case .status:
+            connection.finish(statusReport())
+        case .describe:
             // What `query --container` needs to find a mount, without counting items.
-            connection.send(["containers": hosts.map(\.id), "store": daemon.storePath,
-                             "dataHome": daemon.locations.dataHome.path])
-        case "download":
+            connection.finish(MountDescription(containers: hosts.map(\.id), store: daemon.storePath,
+                                               dataHome: daemon.locations.dataHome.path))
+        case .download(let paths, let recursive):
             contentCommand(paths, connection) { items in
-                try downloadAll(items, recursive: req["recursive"] as? Bool ?? false, connection: connection)
+                try downloadAll(items, recursive: recursive, connection: connection)
+                return NoResult()
             }
-        case "evict":
+        case .evict(let paths):
             contentCommand(paths, connection) { items in
                 var evicted = 0
                 var refused: [(path: String, error: UbiquityError)] = []
@@ -231,45 +231,38 @@ final class MountHost: @unchecked Sendable {
                                         "not evicted: " + refused.map { "\($0.path): \($0.error.errnoName): \($0.error)" }
                                             .joined(separator: "; "))
                 }
-                connection.send(["done": ["evicted": evicted]])
+                return Evicted(evicted: evicted)
             }
-        case "pin", "unpin":
-            let pin = req["command"] as? String == "pin"
+        case .pin(let paths), .unpin(let paths):
+            let pin = command.name == "pin"
             contentCommand(paths, connection) { items in
                 for (host, ino) in items { try host.engine.setPinned(ino: ino, pin) }
-                connection.send(["done": ["items": items.count]])
+                return ItemCount(items: items.count)
             }
-        case "query":
-            serveQuery(req, connection)
-        case "versions":
-            contentCommand(paths, connection) { items in
-                for (host, ino) in items {
-                    let list = try host.engine.versions(ino: ino).map { v -> [String: Any] in
-                        ["label": v.label, "path": v.path, "device": v.device, "size": v.size,
-                         "modified": isoDate(Date(timeIntervalSince1970: Double(v.modified.sec)))]
-                    }
-                    connection.send(["versions": list])
-                }
+        case .query(let parameters):
+            serveQuery(parameters, connection)
+        case .versions(let path):
+            contentCommand([path], connection) { items in
+                let (host, ino) = items[0]
+                return ItemVersions(versions: try host.engine.versions(ino: ino).map { v in
+                    ItemVersion(label: v.label, path: v.path, device: v.device, size: UInt64(v.size),
+                                modified: isoDate(Date(timeIntervalSince1970: Double(v.modified.sec))))
+                })
             }
-        case "resolve":
+        case .resolve(let paths, let keep):
+            let choice: ConflictChoice = switch keep {
+            case .current: .current
+            case .both: .both
+            case .version(let number): .version(number)
+            }
             contentCommand(paths, connection) { items in
-                let keep = req["keep"] as? String ?? ""
-                let choice: ConflictChoice
-                switch keep {
-                case "current": choice = .current
-                case "both": choice = .both
-                default:
-                    guard let number = Int(keep) else {
-                        throw UbiquityError(EINVAL, "--keep takes current, both, or a version number from `ubiquityfs versions`")
-                    }
-                    choice = .version(number)
-                }
                 for (host, ino) in items { try host.engine.resolve(ino: ino, keep: choice) }
+                return NoResult()
             }
-        case "unmount":
+        case .unmount:
             unmount(connection)
-        default:
-            connection.send(["error": "unknown command"])
+        case .ping, .mount:
+            connection.fail(ControlError(.unknownCommand, "a mount's socket does not serve \(command.name) (ask the store's daemon socket)"))
         }
     }
 
@@ -281,7 +274,9 @@ final class MountHost: @unchecked Sendable {
         do {
             for host in hosts {
                 try host.engine.drain(progress: { items, bytes in
-                    if !connection.send(["progress": ["items": items, "bytes": bytes]]) { clientAlive.withLock { $0 = false } }
+                    if !connection.send(.pushing(PushProgress(itemsLeft: items, bytesLeft: bytes))) {
+                        clientAlive.withLock { $0 = false }
+                    }
                 }, shouldContinue: { clientAlive.withLock { $0 } })
             }
             guard clientAlive.withLock({ $0 }) else { return }
@@ -292,23 +287,23 @@ final class MountHost: @unchecked Sendable {
             connection.keepOpen()
         } catch let error as UbiquityError where error.errno == EBUSY {
             unmountWaiter.withLock { $0 = nil }
-            connection.send(["error": "\(error)"])
+            connection.fail(error)
         } catch {
             unmountWaiter.withLock { $0 = nil }
             let pending = hosts.map { host in host.replica.withNamespace { ns in ns.pendingSummary() }.items }.reduce(0, +)
-            connection.send(["error": "cannot push to the store (\(UbiquityError.wrap(error))); \(counted(pending, "item")) stay queued. `ubiquityfs unmount --force` detaches now and keeps them for the next mount"])
+            let failure = UbiquityError.wrap(error)
+            connection.fail(UbiquityError(failure.errno, "cannot push to the store (\(failure)); \(counted(pending, "item")) stay queued. `ubiquityfs unmount --force` detaches now and keeps them for the next mount"))
         }
     }
 
-    /// Resolve `paths` and run `body` on their items; errors become the reply.
-    func contentCommand(_ paths: [[FileName]], _ connection: ControlConnection,
-                        _ body: ([(ContainerHost, UInt64)]) throws -> Void) {
+    /// Resolve `paths` (names below the mountpoint) and run `body` on their
+    /// items; its result, or its error, is the answer's final line.
+    func contentCommand<Result: Codable & Sendable>(_ paths: [[String]], _ connection: ControlConnection,
+                                                    _ body: ([(ContainerHost, UInt64)]) throws -> Result) {
         do {
-            try body(try paths.map(locate))
-            connection.send(["ok": true])
+            connection.finish(try body(try paths.map { path in try locate(path.map { FileName($0) }) }))
         } catch {
-            let failure = UbiquityError.wrap(error)
-            connection.send(["error": "\(failure)", "errno": Int(failure.errno)])
+            connection.fail(error)
         }
     }
 
@@ -344,8 +339,8 @@ final class MountHost: @unchecked Sendable {
                     failures.append("\(path): \(UbiquityError.wrap(error))")
                 }
                 doneBytes += file.size
-                connection.send(["progress": ["items": index + offset + 1, "total": files.count,
-                                              "bytes": doneBytes, "totalBytes": totalBytes]])
+                connection.send(.downloading(DownloadProgress(items: index + offset + 1, totalItems: files.count,
+                                                              bytes: doneBytes, totalBytes: totalBytes)))
             }
             index += batch.count
         }
@@ -354,30 +349,29 @@ final class MountHost: @unchecked Sendable {
 
     /// A query over what this mount shows, or over a whole container
     /// (`container` in the request: `query --container ID`).
-    func serveQuery(_ req: [String: Any], _ connection: ControlConnection) {
-        let scopes = (req["scopes"] as? [String] ?? ["all"]).compactMap(QueryService.Scope.init(rawValue:))
+    func serveQuery(_ parameters: QueryParameters, _ connection: ControlConnection) {
+        let scopes = parameters.scopes
         let sources: () throws -> [QuerySource]
-        if let id = req["container"] as? String {
+        if let id = parameters.container {
             guard let host = hosts.first(where: { $0.id == id }) else {
-                connection.send(["error": "this mount does not show container \(id)"])
+                connection.fail(UbiquityError(ENOENT, "this mount does not show container \(id)"))
                 return
             }
             sources = { [QuerySource(key: 0, engine: host.engine, scopes: scopes, rewrite: { $0 })] }
         } else {
             sources = { [self] in try visibleSources(scopes: scopes) }
         }
-        QueryService.serve(req, connection: connection, sources: sources)
+        QueryService.serve(parameters, connection: connection, sources: sources)
     }
 
     /// Counts per container and scope, transfers, reachability, errors.
-    func statusReport() -> [String: Any] {
+    func statusReport() -> MountStatus {
         let hosts = self.hosts
         let folders = drive?.currentFolders() ?? []
-        var perContainer: [[String: Any]] = []
-        var totals: [String: Int] = [:]
+        var perContainer: [ContainerStatus] = []
         var errors: [(Date, String)] = []
-        var failing: [[String: Any]] = []
-        var quarantined: [[String: Any]] = []
+        var failing: [FailingUpload] = []
+        var quarantined: [QuarantinedRecordStatus] = []
         var lastSync: Date?
         var reachable = true
         for host in hosts {
@@ -386,55 +380,39 @@ final class MountHost: @unchecked Sendable {
             // The Documents folder itself is in neither scope; the drive's own
             // container is all documents (its whole tree is the user's).
             let isDriveRoot = drive != nil && host === hosts[0]
-            let documents = isDriveRoot ? paths.count : paths.filter { QueryService.inScopes($0, [.documents]) }.count
-            let data = isDriveRoot ? 0 : paths.filter { QueryService.inScopes($0, [.data]) }.count
             let pending = host.replica.withNamespace { ns in ns.pendingSummary() }
             let downloads = engine.downloadSummary()
+            let folder = isDriveRoot ? "/" : folders.first(where: { $0.containerID == host.id })?.name.description
+            perContainer.append(ContainerStatus(
+                id: host.id, folder: folder, items: paths.count,
+                documentsItems: isDriveRoot ? paths.count : paths.filter { QueryService.inScopes($0, [.documents]) }.count,
+                dataItems: isDriveRoot ? 0 : paths.filter { QueryService.inScopes($0, [.data]) }.count,
+                pendingItems: pending.items, pendingBytes: pending.bytes,
+                downloadingItems: downloads.items, downloadingBytes: downloads.bytes,
+                cachedBytes: engine.cacheUsage()))
             let s = engine.currentStatus
-            var entry: [String: Any] = [
-                "id": host.id, "items": paths.count, "documentsItems": documents, "dataItems": data,
-                "pendingItems": pending.items, "pendingBytes": Int(pending.bytes),
-                "downloadingItems": downloads.items, "downloadingBytes": Int(downloads.bytes),
-                "cachedBytes": Int(engine.cacheUsage()),
-            ]
-            if let folder = folders.first(where: { $0.containerID == host.id }) { entry["folder"] = folder.name.description }
-            if isDriveRoot { entry["folder"] = "/" }
-            for key in ["items", "documentsItems", "dataItems", "pendingItems", "pendingBytes", "downloadingItems",
-                        "downloadingBytes", "cachedBytes"] {
-                totals[key, default: 0] += entry[key] as? Int ?? 0
-            }
-            perContainer.append(entry)
             reachable = reachable && s.storeReachable
             errors += s.recentErrors.map { ($0.date, "\(host.id): \($0.message)") }
             for failure in engine.failingUploads() {
                 let path = host.replica.withNamespace { ns in ns.path(of: failure.ino) } ?? "inode \(failure.ino)"
-                failing.append(["container": host.id, "path": path, "attempts": failure.attempts, "error": failure.message])
+                failing.append(FailingUpload(container: host.id, path: path, attempts: failure.attempts, error: failure.message))
             }
             for record in engine.quarantinedRecords {
-                quarantined.append(["container": host.id, "seq": Int(record.seq), "reason": record.reason,
-                                    "date": isoDate(record.date)])
+                quarantined.append(QuarantinedRecordStatus(container: host.id, seq: record.seq, reason: record.reason,
+                                                     date: isoDate(record.date)))
             }
             if let d = s.lastSync, d > (lastSync ?? .distantPast) { lastSync = d }
         }
-        var out: [String: Any] = [
-            "pid": Int(getpid()), "mountpoint": mountpoint, "store": daemon.storePath, "dataHome": daemon.locations.dataHome.path,
-            "storeReachable": reachable, "containers": perContainer, "failingUploads": failing,
-            "quarantinedRecords": quarantined,
-            "storeLatencyMs": (daemon.store as? S3Store)?.client.roundTripMilliseconds ?? NSNull(),
-            "recentErrors": errors.sorted { $0.0 < $1.0 }.suffix(20).map { ["date": isoDate($0.0), "message": $0.1] },
-        ]
-        switch kind {
-        case .container(let id, let scope):
-            out["view"] = "container"
-            out["container"] = id
-            out["scope"] = scope.rawValue
-        case .drive:
-            out["view"] = "drive"
-            out["container"] = hosts[0].id
+        let (view, scope): (MountStatus.View, Scope?) = switch kind {
+        case .container(_, let scope): (.container, scope)
+        case .drive: (.drive, nil)
         }
-        for (key, value) in totals { out[key] = value }
-        if let limit = daemon.settings.cacheLimit { out["cacheLimitBytes"] = limit }
-        if let lastSync { out["lastSync"] = isoDate(lastSync) }
-        return out
+        return MountStatus(
+            pid: getpid(), mountpoint: mountpoint, view: view, container: hosts[0].id, scope: scope,
+            store: daemon.storePath, dataHome: daemon.locations.dataHome.path, storeReachable: reachable,
+            storeLatencyMs: (daemon.store as? S3Store)?.client.roundTripMilliseconds, containers: perContainer,
+            cacheLimitBytes: daemon.settings.cacheLimit, lastSync: lastSync.map(isoDate),
+            failingUploads: failing, quarantinedRecords: quarantined,
+            recentErrors: errors.sorted { $0.0 < $1.0 }.suffix(20).map { RecentError(date: isoDate($0.0), message: $0.1) })
     }
 }

@@ -2,6 +2,7 @@ import Foundation
 import Synchronization
 import UbiquityFS
 import UbiquityFUSE
+import UbiquityProtocol
 import UbiquityReplica
 import UbiquityStore
 import UbiquitySync
@@ -67,7 +68,7 @@ final class ContainerHost: @unchecked Sendable, ReplicaObserver {
 
     /// A FileSystem showing `scope` of this container, for one mount.
     /// `documents` enforces the container's folder levels.
-    func view(_ scope: QueryService.Scope, folderLevels: ContainerConfig.FolderLevels) throws -> FileSystem {
+    func view(_ scope: Scope, folderLevels: ContainerConfig.FolderLevels) throws -> FileSystem {
         var options = FileSystemOptions()
         options.soleView = { [weak self] in !(self?.isShared ?? false) }
         switch scope {
@@ -87,7 +88,7 @@ final class ContainerHost: @unchecked Sendable, ReplicaObserver {
     }
 
     /// Paths from the container's root of the items a scope shows.
-    func resolve(_ path: [FileName], scope: QueryService.Scope) throws -> UInt64 {
+    func resolve(_ path: [FileName], scope: Scope) throws -> UInt64 {
         var full = path
         switch scope {
         case .documents: full = [Self.documents] + path

@@ -1,6 +1,6 @@
-import ArgumentParser
 import Foundation
 import UbiquityControl
+import UbiquityProtocol
 import UbiquityReplica
 import UbiquityStore
 import UbiquitySync
@@ -12,9 +12,7 @@ import Glibc
 /// and `--watch`: the initial gathering, a gathering-finished marker, then
 /// added/changed/removed updates whenever the replica changes, at most one
 /// batch per throttle interval.
-enum QueryService {
-    enum Scope: String, CaseIterable, ExpressibleByArgument { case documents, data, all }
-
+package enum QueryService {
     static func inScopes(_ path: String, _ scopes: [Scope]) -> Bool {
         let inDocuments = path == "/Documents" || path.hasPrefix("/Documents/")
         return scopes.contains { scope in
@@ -84,7 +82,7 @@ enum QueryService {
     }
 
     /// The matching items, sorted, keyed by inode (for watch diffs).
-    static func run(_ query: Query, scopes: [Scope], records: [ItemRecord]) -> [(UInt64, MetadataItem)] {
+    package static func run(_ query: Query, scopes: [Scope], records: [ItemRecord]) -> [(UInt64, MetadataItem)] {
         let filter = MetadataBuilder(only: query.predicateAttributes)
         var byItem: [MetadataItem: UInt64] = [:]
         var matching: [MetadataItem] = []
@@ -96,24 +94,27 @@ enum QueryService {
         return query.sorted(matching).map { (byItem[$0] ?? 0, $0) }
     }
 
-    static func json(_ item: MetadataItem) -> [String: Any] {
-        item.values.mapValues(jsonObject)
+    /// An item as the protocol carries it (dates as ISO 8601 text).
+    package static func json(_ item: MetadataItem) -> [String: JSONValue] {
+        item.values.mapValues(jsonValue)
     }
 
-    static func jsonObject(_ value: MetadataValue) -> Any {
+    static func jsonValue(_ value: MetadataValue) -> JSONValue {
         switch value {
-        case .string(let s): s
-        case .number(let n): n == n.rounded() && abs(n) < 1e15 ? Int(n) as Any : n
-        case .bool(let b): b
-        case .date(let d): isoDate(Date(timeIntervalSince1970: d))
-        case .list(let elements): elements.map(jsonObject)
-        case .null: NSNull()
+        case .string(let s): .string(s)
+        case .number(let n): .number(n)
+        case .bool(let b): .bool(b)
+        case .date(let d): .string(isoDate(Date(timeIntervalSince1970: d)))
+        case .list(let elements): .array(elements.map(jsonValue))
+        case .null: .null
         }
     }
 
-    /// `{"event":"…","item":{…}}` with the item's keys sorted.
-    static func eventLine(_ event: String, _ item: MetadataItem) -> String {
-        var out = "{\"event\":\"\(event)\",\"item\":{"
+    /// `{"event":"…","item":{…}}` with the item's keys sorted: a
+    /// `QueryEvent` line, written by hand (JSONEncoder would spend seconds
+    /// on 100,000 results).
+    static func eventLine(_ event: QueryEvent.Kind, _ item: MetadataItem) -> String {
+        var out = "{\"event\":\"\(event.rawValue)\",\"item\":{"
         var first = true
         for key in item.values.keys.sorted() {
             if !first { out += "," }
@@ -155,33 +156,35 @@ enum QueryService {
     /// Answer one query request on the daemon's control socket, over the
     /// items of `sources` (asked again for each watch batch: a drive's
     /// containers come and go).
-    static func serve(_ req: [String: Any], connection: ControlConnection, sources: () throws -> [QuerySource]) {
+    static func serve(_ parameters: QueryParameters, connection: ControlConnection, sources: () throws -> [QuerySource]) {
         let query: Query
         var watched = WatchState()
         var results: [(UInt64, MetadataItem)]
         do {
-            query = try Query(predicate: req["predicate"] as? String ?? "TRUEPREDICATE", sort: req["sort"] as? String)
+            query = try Query(predicate: parameters.predicate, sort: parameters.sort)
             let current = try sources()
             watched.mark(current)   // before reading: what changes meanwhile is looked at again
             results = run(query, scopes: [.all], records: records(current))
+        } catch let error as QueryError {
+            connection.fail(UbiquityError(EINVAL, "\(error)"))
+            return
         } catch {
-            connection.send(["error": "\(error)"])
+            connection.fail(error)
             return
         }
-        // Results are written by hand, a thousand lines a write: JSONSerialization
-        // would spend seconds on 100,000 items.
+        // A thousand result lines a write.
         var start = 0
         while start < results.count {
-            let lines = results[start..<min(results.count, start + 1000)].map { eventLine("result", $0.1) }
+            let lines = results[start..<min(results.count, start + 1000)].map { eventLine(.result, $0.1) }
             guard connection.sendRaw(Data(lines.joined(separator: "\n").utf8)) else { return }
             start += 1000
         }
-        guard req["watch"] as? Bool == true else {
-            connection.send(["ok": true, "count": results.count])
+        guard parameters.watch else {
+            connection.finish(QueryFinished(count: results.count))
             return
         }
-        guard connection.send(["event": "gatheringFinished", "count": results.count]) else { return }
-        let throttle = min(3600, max(0.05, req["throttle"] as? Double ?? 1))
+        guard connection.send(.event(QueryEvent(.gatheringFinished, count: results.count))) else { return }
+        let throttle = min(3600, max(0.05, parameters.throttle))
         var current = Dictionary(results, uniquingKeysWith: { a, _ in a })
         results = []
         let filter = MetadataBuilder(only: query.predicateAttributes)
@@ -197,7 +200,7 @@ enum QueryService {
             if generation() == seen {
                 // Find out whether the client left, now and then.
                 if Date().timeIntervalSince(lastBeat) > 5 {
-                    guard connection.send(["event": "heartbeat"]) else { return }
+                    guard connection.send(.event(QueryEvent(.heartbeat))) else { return }
                     lastBeat = Date()
                 }
                 continue
@@ -213,10 +216,10 @@ enum QueryService {
             func settle(_ key: UInt64, _ item: MetadataItem?) {
                 let old = current[key]
                 if let item {
-                    if old != item { events.append(eventLine(old == nil ? "added" : "changed", item)) }
+                    if old != item { events.append(eventLine(old == nil ? .added : .changed, item)) }
                     current[key] = item
                 } else if let old {
-                    events.append(eventLine("removed", old))
+                    events.append(eventLine(.removed, old))
                     current[key] = nil
                 }
             }
@@ -303,7 +306,7 @@ enum QueryService {
 struct QuerySource {
     var key: UInt64
     var engine: SyncEngine
-    var scopes: [QueryService.Scope]
+    var scopes: [Scope]
     var rewrite: (String) -> String
 }
 

@@ -1,0 +1,202 @@
+import Foundation
+import Logging
+import Synchronization
+import UbiquityProtocol
+import UbiquityStore
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// A control socket of the daemon: a Unix stream socket (owner-only) in the
+/// runtime directory (`$XDG_RUNTIME_DIR/ubiquityfs/`, checked to be the
+/// user's own and private by `Locations.prepareRuntimeDirectory`), speaking
+/// the protocol of `UbiquityProtocol` (docs/PROTOCOL.md): one request line
+/// per connection, answered by JSON lines.
+///
+/// Each connection is served on a thread of its own. Nothing a client sends
+/// reaches a handler unchecked: a request that is too long, too slow, not a
+/// JSON object, of the wrong types, of another protocol major or for a
+/// command this build does not know is answered here with a `ControlError`.
+final class ControlServer: Sendable {
+    typealias Handler = @Sendable (_ command: Command, _ connection: ControlConnection) -> Void
+
+    let path: String
+    let listener: Int32
+    let handler: Handler
+    let logger: Logger
+
+    init(path: String, logger: Logger, handler: @escaping Handler) throws {
+        self.path = path
+        self.handler = handler
+        self.logger = logger
+        unlink(path)
+        let fd = try syscallRetrying("socket") { socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0) }
+        var address: sockaddr_un
+        do { address = try ControlClient.address(path) } catch {
+            close(fd)
+            throw UbiquityError(error.errno ?? EINVAL, error.message)
+        }
+        let bound = withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
+        }
+        guard bound == 0, chmod(path, 0o600) == 0, listen(fd, 16) == 0 else {
+            let error = UbiquityError.posix("control socket \(path)")
+            close(fd)
+            throw error
+        }
+        listener = fd
+    }
+
+    func start() {
+        let thread = Thread { [self] in acceptLoop() }
+        thread.name = "ubiquityfs-control"
+        thread.start()
+    }
+
+    func acceptLoop() {
+        while true {
+            let client = accept(listener, nil, nil)
+            if client < 0 {
+                if errno == EINTR { continue }
+                return   // listener closed
+            }
+            _ = fcntl(client, F_SETFD, FD_CLOEXEC)
+            let connection = ControlConnection(fd: client)
+            let thread = Thread { [self] in
+                if let command = connection.readRequest() {
+                    handler(command, connection)
+                } else {
+                    connection.close()
+                }
+            }
+            thread.start()
+        }
+    }
+
+    func stop() {
+        shutdown(listener, Int32(SHUT_RDWR))
+        close(listener)
+        unlink(path)
+    }
+}
+
+/// One client of a control socket: its request, then the lines of its answer.
+final class ControlConnection: Sendable {
+    let fd: Int32
+    let closed = Mutex(false)
+    /// Set when another thread answers later (the unmount waiter): `close()` leaves it open.
+    let heldOpen = Mutex(false)
+
+    func keepOpen() { heldOpen.withLock { $0 = true } }
+
+    init(fd: Int32) { self.fd = fd }
+
+    /// Read and decode the request line. What is not a request of this
+    /// protocol is answered with an error here, and nil returned.
+    func readRequest() -> Command? {
+        var timeout = timeval(tv_sec: ControlLimits.requestTimeoutSeconds, tv_usec: 0)
+        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
+        var data = Data()
+        var buffer = [UInt8](repeating: 0, count: 65536)
+        while true {
+            let n = read(fd, &buffer, buffer.count)
+            if n < 0 && errno == EINTR { continue }
+            if n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) {
+                fail(ControlError(.requestTimeout, "no complete request line within \(ControlLimits.requestTimeoutSeconds) s"))
+                return nil
+            }
+            if n <= 0 { break }   // the client closed its side: the request is what came
+            let newline = buffer[0..<n].firstIndex(of: 0x0a)
+            data.append(contentsOf: buffer[0..<(newline ?? n)])
+            if data.count > ControlLimits.maximumRequestBytes {
+                fail(ControlError(.requestTooLarge, "request too large (more than \(ControlLimits.maximumRequestBytes >> 20) MiB)"))
+                return nil
+            }
+            if newline != nil { break }
+        }
+        if data.isEmpty { return nil }
+        do {
+            return try JSONDecoder().decode(ControlRequest.self, from: data).command
+        } catch let refused as UnsupportedProtocol {
+            fail(.protocolMismatch(client: refused.requested, daemon: .current, daemonPID: getpid()))
+        } catch let unknown as UnknownCommand {
+            fail(ControlError(.unknownCommand, "unknown command '\(unknown.name)' (protocol \(ProtocolVersion.current))"))
+        } catch {
+            fail(Self.malformed(error))
+        }
+        return nil
+    }
+
+    /// What is wrong with a request that did not decode, naming the field.
+    static func malformed(_ error: any Error) -> ControlError {
+        /// `paths[0][1]`
+        func field(_ path: [any CodingKey]) -> String {
+            path.enumerated().map { index, key in
+                key.intValue.map { "[\($0)]" } ?? (index == 0 ? key.stringValue : "." + key.stringValue)
+            }.joined()
+        }
+        let problem: (path: [any CodingKey], text: String)? = switch error as? DecodingError {
+        case .typeMismatch(let type, let context)?: (context.codingPath, ": expected \(type)")
+        case .valueNotFound(let type, let context)?: (context.codingPath, ": expected \(type), not null")
+        case .keyNotFound(let key, let context)?: (context.codingPath + [key], " is missing")
+        case .dataCorrupted(let context)?: (context.codingPath, ": " + context.debugDescription)
+        default: nil
+        }
+        // A problem with no field is the request's own: not JSON, or not an object.
+        guard let problem, !problem.path.isEmpty else { return ControlError(.malformedRequest, "the request is not a JSON object") }
+        return ControlError(.malformedRequest, "field \(field(problem.path))\(problem.text)")
+    }
+
+    /// Send an update line; false if the client went away.
+    @discardableResult
+    func send(_ update: Update) -> Bool { send(Reply<NoResult>.update(update)) }
+
+    /// Send the final line of a success.
+    @discardableResult
+    func finish<Result: Codable & Sendable>(_ result: Result) -> Bool { send(Reply.done(result)) }
+
+    /// Send the final line of a failure.
+    @discardableResult
+    func fail(_ error: ControlError) -> Bool { send(Reply<NoResult>.failed(error)) }
+
+    /// The final line of a command that failed with `error` (its errno kept).
+    @discardableResult
+    func fail(_ error: any Error) -> Bool {
+        let failure = UbiquityError.wrap(error)
+        return fail(ControlError(.failed, failure.description, errno: failure.errno))
+    }
+
+    private func send<Result>(_ reply: Reply<Result>) -> Bool {
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
+        guard let data = try? encoder.encode(reply) else { return false }
+        return sendRaw(data)
+    }
+
+    /// Send text that already is JSON lines (without the final newline).
+    @discardableResult
+    func sendRaw(_ data: Data) -> Bool {
+        closed.withLock { isClosed in
+            guard !isClosed else { return false }
+            var line = data
+            line.append(0x0a)
+            return line.withUnsafeBytes { raw in
+                var sent = 0
+                while sent < raw.count {
+                    let n = Glibc.send(fd, raw.baseAddress! + sent, raw.count - sent, Int32(MSG_NOSIGNAL))
+                    if n <= 0 { return false }
+                    sent += n
+                }
+                return true
+            }
+        }
+    }
+
+    func close(force: Bool = false) {
+        if !force && heldOpen.withLock({ $0 }) { return }
+        closed.withLock { isClosed in
+            if !isClosed { Glibc.close(fd) }
+            isClosed = true
+        }
+    }
+}
