@@ -41,8 +41,12 @@ package enum QueryService {
 
         static let everything = MetadataBuilder(only: nil)
 
+        /// Whether an item built here holds its path (or URL).
+        let readsPath: Bool
+
         init(only: Set<String>?) {
             parts = Self.allParts.filter { part in only.map { !$0.isDisjoint(with: part.keys) } ?? true }
+            readsPath = only.map { !$0.isDisjoint(with: ["path", "url"]) } ?? true
         }
 
         func item(_ r: ItemRecord) -> MetadataItem {
@@ -82,11 +86,19 @@ package enum QueryService {
     }
 
     /// The matching items, sorted, keyed by inode (for watch diffs).
-    package static func run(_ query: Query, scopes: [Scope], records: [ItemRecord]) -> [(UInt64, MetadataItem)] {
+    /// `shownPath` gives the path the mount shows for a record (by default
+    /// its path): asked before the predicate only if the predicate reads
+    /// paths, otherwise only for the matches (most queries match few items).
+    package static func run(_ query: Query, scopes: [Scope], records: [ItemRecord],
+                            shownPath: ((ItemRecord) -> String)? = nil) -> [(UInt64, MetadataItem)] {
         let filter = MetadataBuilder(only: query.predicateAttributes)
+        let pathFirst = filter.readsPath
         var byItem: [MetadataItem: UInt64] = [:]
         var matching: [MetadataItem] = []
-        for record in records where inScopes(record.path, scopes) && query.matches(filter.item(record)) {
+        for var record in records where inScopes(record.path, scopes) {
+            if pathFirst, let shownPath { record.path = shownPath(record) }
+            guard query.matches(filter.item(record)) else { continue }
+            if !pathFirst, let shownPath { record.path = shownPath(record) }
             let item = MetadataBuilder.everything.item(record)
             matching.append(item)
             byItem[item] = record.ino
@@ -164,7 +176,7 @@ package enum QueryService {
             query = try Query(predicate: parameters.predicate, sort: parameters.sort)
             let current = try sources()
             watched.mark(current)   // before reading: what changes meanwhile is looked at again
-            results = run(query, scopes: [.all], records: records(current))
+            results = run(query, sources: current)
         } catch let error as QueryError {
             connection.fail(UbiquityError(EINVAL, "\(error)"))
             return
@@ -238,7 +250,7 @@ package enum QueryService {
                 for (key, inos) in changed { for ino in inos { settle(key << 48 | ino, updated[key << 48 | ino]) } }
             } else {
                 watched.mark(sources)
-                let next = Dictionary(run(query, scopes: [.all], records: records(sources)), uniquingKeysWith: { a, _ in a })
+                let next = Dictionary(run(query, sources: sources), uniquingKeysWith: { a, _ in a })
                 for key in Set(current.keys).union(next.keys) { settle(key, next[key]) }
             }
             if !events.isEmpty {
@@ -286,18 +298,22 @@ package enum QueryService {
         }
     }
 
-    /// The items of several sources as one list: paths as the mount shows
-    /// them, keys unique across sources (the source's key in the top bits).
-    static func records(_ sources: [QuerySource]) -> [ItemRecord] {
-        var out: [ItemRecord] = []
+    /// `run` over the items of several sources as one list: keys unique
+    /// across sources (the source's key in the top bits), paths as the mount
+    /// shows them.
+    static func run(_ query: Query, sources: [QuerySource]) -> [(UInt64, MetadataItem)] {
+        var records: [ItemRecord] = []
+        var rewrites: [UInt64: (String) -> String] = [:]
         for source in sources {
+            rewrites[source.key] = source.rewrite
             for var record in source.engine.items() where inScopes(record.path, source.scopes) {
-                record.path = source.rewrite(record.path)
                 record.ino = source.key << 48 | record.ino
-                out.append(record)
+                records.append(record)
             }
         }
-        return out
+        return run(query, scopes: [.all], records: records, shownPath: { record in
+            rewrites[record.ino >> 48].map { $0(record.path) } ?? record.path
+        })
     }
 }
 
