@@ -127,10 +127,15 @@ extension SyncEngine {
         }
     }
 
+    /// Due when the journal grew by the interval, plus a share of a quarter
+    /// of it that depends on the device: devices following one journal come
+    /// due one after another, so the first one's snapshot spares the others
+    /// theirs (each looks again just before it writes).
     func isSnapshotDue(after latest: UInt64) -> Bool {
         replica.withNamespace { ns in
             let interval = max(snapshotInterval, UInt64(ns.nodes.count / Self.snapshotNodesPerRecord))
-            return ns.appliedSeq >= latest + interval
+            let stagger = device.id.utf8.reduce(UInt64(0)) { ($0 &* 31) &+ UInt64($1) } % (interval / 4 + 1)
+            return ns.appliedSeq >= latest + interval + stagger
         }
     }
 
