@@ -100,6 +100,12 @@ extension SyncEngine {
     /// content fits the cache limit (if one is set).
     public func enforceCacheLimit() {
         guard let limit = cacheLimit else { return }
+        // One pass at a time (the pull thread and finished downloads both
+        // ask): two passes over the same usage would each evict the excess.
+        cacheLimitPass.withLock { _ in enforceCacheLimit(limit) }
+    }
+
+    func enforceCacheLimit(_ limit: UInt64) {
         let (usage, candidates) = replica.withNamespace { ns -> (UInt64, [(UInt64, UInt64, UInt64)]) in
             var usage: UInt64 = 0
             var candidates: [(UInt64, UInt64, UInt64)] = []

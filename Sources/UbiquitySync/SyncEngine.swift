@@ -32,7 +32,8 @@ import Glibc
 ///
 /// Threads: the push thread and the caller of `drain` share `pushLock`, so
 /// one push runs at a time. Lock order: `pushLock` → replica locks;
-/// `status`, `uploadFailures` and `limitRefusals` are leaves.
+/// `cacheLimitPass` → replica locks; `status`, `uploadFailures` and
+/// `limitRefusals` are leaves.
 public final class SyncEngine: Sendable {
     public let replica: Replica
     public let store: any Store
@@ -60,6 +61,8 @@ public final class SyncEngine: Sendable {
     let limitRefusals = Mutex<[UInt64: UInt64]>([:])
     let checkThreadDone = DispatchSemaphore(value: 0)
     let checking = Mutex(false)
+    /// Held by a cache-limit pass (`enforceCacheLimit`), over its evictions.
+    let cacheLimitPass = Mutex(0)
     /// Journal records between snapshots, at least (0: never read or write one).
     let snapshotInterval: UInt64
     /// The newest snapshot this device knows of (nil: not asked yet).
