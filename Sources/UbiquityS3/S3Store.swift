@@ -236,19 +236,21 @@ public final class S3Store: Store, @unchecked Sendable {
 
     public func commit(container: String, seq: UInt64, changeSet: ChangeSet) throws -> Bool {
         try verifyMarker()
-        let data = try changeSet.encodedRecord(seq: seq)
-        let key = journalKey(container, seq)
-        let response = try client.send(.PUT, key: key, headers: [("if-none-match", "*"), ("content-type", "application/json")],
-                                       body: data, expect: [412], retryStatus: Self.retryConditional)
-        var won = response.status != 412
-        if !won {
-            // Taken: by another device, or by this very request whose first
-            // try took effect but whose answer was lost.
-            let existing = try client.send(.GET, key: key, expect: [404])
-            won = existing.status == 200 && existing.body == data
-        }
+        let won = try createExclusively(journalKey(container, seq), try changeSet.encodedRecord(seq: seq))
         if won { noteJournal(container, next: seq + 1) }
         return won
+    }
+
+    /// Create `key` holding `data` unless it exists (`If-None-Match: *`):
+    /// true when this call made it. A key found taken is read back: it may be
+    /// this very request's, whose first try took effect but whose answer was
+    /// lost (records are written with sorted keys, so it holds exactly `data`).
+    func createExclusively(_ key: String, _ data: Data) throws -> Bool {
+        let response = try client.send(.PUT, key: key, headers: [("if-none-match", "*"), ("content-type", "application/json")],
+                                       body: data, expect: [412], retryStatus: Self.retryConditional)
+        if response.status != 412 { return true }
+        let existing = try client.send(.GET, key: key, expect: [404])
+        return existing.status == 200 && existing.body == data
     }
 
     public func journal(container: String, after seq: UInt64, limit: Int) throws -> [JournalRecord] {
@@ -319,13 +321,7 @@ public final class S3Store: Store, @unchecked Sendable {
 
     public func publishSnapshot(container: String, _ snapshot: SnapshotRecord) throws -> Bool {
         try verifyMarker()
-        let data = try snapshot.encoded()
-        let key = snapshotPrefix(container) + Self.seqName(snapshot.seq)
-        let response = try client.send(.PUT, key: key, headers: [("if-none-match", "*"), ("content-type", "application/json")],
-                                       body: data, expect: [412], retryStatus: Self.retryConditional)
-        if response.status != 412 { return true }
-        let existing = try client.send(.GET, key: key, expect: [404])
-        return existing.status == 200 && existing.body == data
+        return try createExclusively(snapshotPrefix(container) + Self.seqName(snapshot.seq), try snapshot.encoded())
     }
 
     func noteJournal(_ container: String, next: UInt64, activity: Bool = true) {

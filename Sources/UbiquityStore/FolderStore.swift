@@ -222,9 +222,13 @@ public final class FolderStore: Store {
 
     public func commit(container: String, seq: UInt64, changeSet: ChangeSet) throws -> Bool {
         try checkReachable()
-        let data = try changeSet.encodedRecord(seq: seq)
+        return try publishExclusively(try changeSet.encodedRecord(seq: seq), at: journalURL(container, seq))
+    }
+
+    /// Publish `data` at `url` unless something is there: false if it is.
+    func publishExclusively(_ data: Data, at url: URL) throws -> Bool {
         do {
-            try Self.publish(data, at: journalURL(container, seq), tmpDir: root.appendingPathComponent("tmp"), exclusive: true, mode: fileMode)
+            try Self.publish(data, at: url, tmpDir: root.appendingPathComponent("tmp"), exclusive: true, mode: fileMode)
             return true
         } catch let error as UbiquityError where error.errno == EEXIST {
             return false
@@ -262,15 +266,9 @@ public final class FolderStore: Store {
 
     public func publishSnapshot(container: String, _ snapshot: SnapshotRecord) throws -> Bool {
         try checkReachable()
-        let data = try snapshot.encoded()
         let url = snapshotURL(container, snapshot.seq)
         try makeDirectory(url.deletingLastPathComponent())
-        do {
-            try Self.publish(data, at: url, tmpDir: root.appendingPathComponent("tmp"), exclusive: true, mode: fileMode)
-            return true
-        } catch let error as UbiquityError where error.errno == EEXIST {
-            return false
-        }
+        return try publishExclusively(try snapshot.encoded(), at: url)
     }
 
     /// Journal record `seq`, or nil if there is none (the end of the
