@@ -154,7 +154,13 @@ public final class FUSESession: @unchecked Sendable {
     }
 
     /// Serve requests until unmounted or stopped. Returns libfuse's status.
-    public func run(threads: Int = 16, idleThreads: Int = Int(ProcessInfo.processInfo.environment["UBQ_IDLE_THREADS"] ?? "") ?? 2) -> Int32 {
+    ///
+    /// Workers are kept once started (`idleThreads` = `threads`): with fewer
+    /// idle workers allowed, libfuse ends a worker after a burst and starts a
+    /// new one at the next — about one thread created per three operations of
+    /// a single-threaded `rename` loop, as `strace -c -f` counted.
+    public func run(threads: Int = 16, idleThreads: Int? = nil) -> Int32 {
+        let idleThreads = idleThreads ?? threads
         // The loop runs outside the lock; `close` (which destroys the session)
         // is only called after `run` returned.
         guard let se = readState({ $0.session }) else { return -1 }

@@ -6,14 +6,14 @@ import UbiquityStore
 /// The replica's persistent index: one SQLite database (GRDB, WAL,
 /// `synchronous=NORMAL`) holding every node, entry and pending change.
 ///
-/// The index is written only by `Replica` (`transaction`, `persist`); it is
-/// read once, at mount, to rebuild the in-memory `Namespace`. A commit
-/// survives `kill -9` of the daemon (WAL pages are in the kernel once the
-/// transaction returns).
+/// The index is written only by `IndexApplier`, which copies the replica's
+/// operation log into it in the background (see `OperationLog`: a change is
+/// committed when its log record is written), and by the replay of that log
+/// when a replica opens; it is read once, at mount, to rebuild the in-memory
+/// `Namespace`.
 ///
-/// SQLite's automatic checkpoint is off: it would run inside a commit, and
-/// `Replica.transaction` commits under the namespace lock. `Replica` calls
-/// `checkpointIfDue()` after commits instead, outside that lock.
+/// SQLite's automatic checkpoint is off: `IndexApplier` calls
+/// `checkpointIfDue()` between its transactions instead.
 final class Index: Sendable {
     let db: DatabaseQueue
     /// Transactions and operations written since the last checkpoint.
@@ -37,6 +37,29 @@ final class Index: Sendable {
             if !readOnly { try migrator.migrate(db) }
         } catch {
             throw UbiquityError(EIO, "cannot open the replica index \(path): \(error)")
+        }
+    }
+
+    /// An in-memory copy of `other` (for reading an index together with
+    /// the operation log records it lacks, without writing the file).
+    init(copyOf other: Index) throws {
+        do {
+            db = try DatabaseQueue()
+            try other.db.backup(to: db)
+            try migrator.migrate(db)
+        } catch {
+            throw UbiquityError(EIO, "cannot read the replica index: \(error)")
+        }
+    }
+
+    /// Number of the last operation log record the index holds (0: none).
+    func logApplied() throws -> UInt64 {
+        do {
+            return try db.read { db in
+                try String.fetchOne(db, sql: "SELECT value FROM meta WHERE key = 'log_applied'").flatMap { UInt64($0) } ?? 0
+            }
+        } catch {
+            throw UbiquityError(EIO, "cannot read the replica index: \(error)")
         }
     }
 

@@ -9,14 +9,16 @@ import Glibc
 /// namespace, and the content cache.
 ///
 /// Layout under `$XDG_DATA_HOME/ubiquityfs/replicas/STORE-ID/CONTAINER/`:
-/// `index.sqlite` (+ WAL), `cache/XX/INO` (content by inode number),
+/// `index.log` (the operation log, see `OperationLog`), `index.sqlite` (+ WAL),
+/// `cache/XX/INO` (content by inode number),
 /// `cache/BUCKET/INO.VERSION.part` (downloads in progress), `reserve` (space
 /// set aside, see `SpaceReserve`), `daemon.log`, `lock`.
 ///
 /// **Changes and the index.** A change the user makes (a new item, a move,
 /// a removal, new metadata) runs as a `transaction`: it is applied to the
-/// namespace and written to the index under the namespace lock, and taken
-/// back whole if the index does not take it — so nobody ever sees a change
+/// namespace and written to the index (appended to its operation log: one
+/// `write(2)`, copied into SQLite in the background by `IndexApplier`) under
+/// the namespace lock, and taken back whole if the log does not take it — so nobody ever sees a change
 /// the index lacks, and a failed operation has no effect. A new file is
 /// `stage`d instead: committed with its content at `close`, like content.
 /// What only records a fact (a pull applied, a push done, a download
@@ -27,7 +29,8 @@ import Glibc
 /// what the index holds (`committedView`).
 ///
 /// Lock order (outermost first): `Replica.writer` → `Replica.namespace` →
-/// `SpaceReserve.state`. `writer` serializes index writes. `namespace` is
+/// `SpaceReserve.state` → `IndexApplier.condition`. `writer` serializes
+/// appends to the operation log. `namespace` is
 /// held for in-memory work and, in a transaction, for its one index write
 /// (and, on a full disk, the reserve's one system call) — never across
 /// content I/O, a store call or a FUSE reply.
@@ -35,6 +38,8 @@ public final class Replica: Sendable {
     public let directory: URL
     public let cacheDirectory: URL
     let index: Index
+    let log: OperationLog
+    let applier: IndexApplier
     let namespace: Mutex<Namespace>
     let writer = Mutex<Int>(0)
     let lockFD: Int32
@@ -76,7 +81,10 @@ public final class Replica: Sendable {
             reserve = try SpaceReserve(path: directory.appendingPathComponent("reserve").path)
             let indexPath = directory.appendingPathComponent("index.sqlite").path
             index = try Index(path: indexPath)
+            log = try OperationLog(path: directory.appendingPathComponent("index.log").path)
             for suffix in ["", "-wal", "-shm"] { Self.makePrivate(indexPath + suffix, mode: 0o600) }
+            Self.makePrivate(log.path, mode: 0o600)
+            try Self.replay(log, into: index, reserve: reserve)
             var ns = try index.load()
             Self.recover(&ns, cacheDirectory: cacheDirectory, rootOwner: rootOwner)
             Self.removeOrphanedCacheFiles(ns, cacheDirectory: cacheDirectory)
@@ -85,6 +93,9 @@ public final class Replica: Sendable {
             close(lockFD)
             throw error
         }
+        let owner = WeakReplica()
+        applier = IndexApplier(index: index, appliedSeq: log.lastSeq) { owner.replica?.emptyLogIfDue() }
+        owner.replica = self
         try persist()
     }
 
@@ -92,11 +103,58 @@ public final class Replica: Sendable {
         releaseLock()
     }
 
-    /// Commit what is queued and checkpoint the index completely: for a
-    /// replica being closed (its WAL is emptied into the database file).
+    final class WeakReplica: @unchecked Sendable {
+        weak var replica: Replica?
+    }
+
+    /// Apply the records of `log` that `index` lacks (the daemon stopped
+    /// before `IndexApplier` copied them), then empty the log. On a full
+    /// disk the space reserve gives its room, a step at a time.
+    static func replay(_ log: OperationLog, into index: Index, reserve: SpaceReserve) throws {
+        let records = try log.readRecords()
+        let applied = try index.logApplied()
+        let missing = records.filter { $0.seq > applied }
+        if let last = missing.last {
+            var ops = missing.flatMap(\.ops)
+            ops.append(.meta(key: "log_applied", value: String(last.seq)))
+            while true {
+                do {
+                    try index.write(ops)
+                    break
+                } catch let error as UbiquityError where error.errno == ENOSPC {
+                    guard reserve.release() else { throw error }
+                }
+            }
+        }
+        log.lastSeq = max(applied, records.last?.seq ?? 0)
+        if log.size > 0 {
+            index.checkpointAll()
+            log.truncate()
+        }
+    }
+
+    /// The log is emptied once SQLite holds all of it and it has grown past this.
+    static let logEmptyingSize = 4 << 20
+
+    /// Empty the operation log if SQLite holds every record and it is big
+    /// enough to be worth it (called by `IndexApplier` when idle).
+    func emptyLogIfDue() {
+        writer.withLock { _ in
+            guard log.size >= Self.logEmptyingSize, applier.applied == log.lastSeq else { return }
+            log.truncate()
+        }
+    }
+
+    /// Commit what is queued, wait for SQLite to hold all of it and
+    /// checkpoint it completely: for a replica being closed (its log and WAL
+    /// are emptied into the database file).
     public func commitAndCheckpoint() throws {
         try persist()
-        writer.withLock { _ in index.checkpointAll() }
+        try applier.drain()
+        writer.withLock { _ in
+            index.checkpointAll()
+            if applier.applied == log.lastSeq { log.truncate() }
+        }
     }
 
     /// Take group and other permissions away from `path` (if it is ours).
@@ -107,6 +165,7 @@ public final class Replica: Sendable {
 
     /// Let another daemon open this replica (the daemon is done with it).
     public func releaseLock() {
+        applier.stop()
         lockReleased.withLock { released in
             if !released { close(lockFD) }
             released = true
@@ -120,7 +179,18 @@ public final class Replica: Sendable {
         guard FileManager.default.fileExists(atPath: path) else {
             throw UbiquityError(ENOENT, "this device has no replica at \(directory.path)")
         }
-        return try Index(path: path, readOnly: true).load()
+        let index = try Index(path: path, readOnly: true)
+        // Changes the daemon logged but had not copied into SQLite yet.
+        let logPath = directory.appendingPathComponent("index.log").path
+        guard let bytes = FileManager.default.contents(atPath: logPath).map({ [UInt8]($0) }), !bytes.isEmpty else {
+            return try index.load()
+        }
+        let applied = try index.logApplied()
+        let missing = OperationLog.parse(bytes).records.filter { $0.seq > applied }
+        guard !missing.isEmpty else { return try index.load() }
+        let copy = try Index(copyOf: index)
+        try copy.write(missing.flatMap(\.ops))
+        return try copy.load()
     }
 
     /// Bring a freshly loaded namespace to a consistent state after a crash.
@@ -210,7 +280,6 @@ public final class Replica: Sendable {
                     throw error
                 }
             }
-            index.checkpointIfDue()
             return result
         }
     }
@@ -253,7 +322,6 @@ public final class Replica: Sendable {
                 namespace.withLock { ns in ns.requeue(ops) }
                 throw error
             }
-            index.checkpointIfDue()
         }
     }
 
@@ -270,7 +338,6 @@ public final class Replica: Sendable {
                 namespace.withLock { ns in ns.requeue(ops) }
                 throw error
             }
-            index.checkpointIfDue()
             return value
         }
     }
@@ -281,12 +348,15 @@ public final class Replica: Sendable {
         try reserve.requireWhole()
     }
 
-    /// Write `ops` (the caller holds `writer`); when the disk is full and
-    /// `use` allows it, give back the reserve a step at a time and try again.
+    /// Commit `ops`: append them to the operation log as one record and hand
+    /// them to the applier (the caller holds `writer`). When the disk is full
+    /// and `use` allows it, give back the reserve a step at a time and try again.
     func write(_ ops: [IndexOp], _ use: DiskUse) throws {
+        guard !ops.isEmpty else { return }
         while true {
             do {
-                try index.write(ops)
+                let seq = try log.append(ops)
+                applier.enqueue(OperationLog.Record(seq: seq, ops: ops))
                 return
             } catch let error as UbiquityError where error.errno == ENOSPC && use == .mayUseReserve {
                 guard reserve.release() else { throw error }

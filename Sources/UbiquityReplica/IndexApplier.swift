@@ -1,0 +1,133 @@
+import Foundation
+import UbiquityStore
+
+/// Writes the operation log's records to SQLite, in the background.
+///
+/// `Replica` hands over each record it appended (`enqueue`, under
+/// `Replica.writer`); one thread takes everything queued and writes it in one
+/// SQLite transaction together with `meta.log_applied` (the number of the
+/// last record in it), then checkpoints when due and lets the replica empty
+/// the log once SQLite holds it all. Many operations share a transaction:
+/// a burst of creates costs a few WAL pages instead of a few per create.
+///
+/// A write SQLite refuses (a full disk) is retried a second later; nothing
+/// is lost meanwhile, the records stay in the log (and the queue). Only
+/// `drain` (closing the replica) waits for the queue to empty.
+///
+/// Lock order: `Replica.writer` → `condition`. The thread holds no lock
+/// while it writes SQLite, and takes `Replica.writer` (through `idle`) only
+/// without `condition`.
+final class IndexApplier: @unchecked Sendable {
+    let index: Index
+    /// Called with no lock held after a batch is applied and the queue is
+    /// empty: the replica empties the log if it is due.
+    let idle: @Sendable () -> Void
+    /// Guards the fields below.
+    let condition = NSCondition()
+    var queue: [OperationLog.Record] = []
+    var appliedSeq: UInt64
+    var stopping = false
+    var failure: String?
+    let finished = DispatchSemaphore(value: 0)
+    /// At most this many operations per SQLite transaction.
+    static let batchLimit = 20_000
+
+    init(index: Index, appliedSeq: UInt64, idle: @escaping @Sendable () -> Void) {
+        self.index = index
+        self.appliedSeq = appliedSeq
+        self.idle = idle
+        let thread = Thread { [self] in run() }
+        thread.name = "ubiquityfs-index"
+        thread.start()
+    }
+
+    func enqueue(_ record: OperationLog.Record) {
+        condition.lock()
+        queue.append(record)
+        condition.signal()
+        condition.unlock()
+    }
+
+    /// Number of the last record SQLite holds.
+    var applied: UInt64 {
+        condition.lock()
+        defer { condition.unlock() }
+        return appliedSeq
+    }
+
+    /// Wait until SQLite holds every record queued so far; throws the last
+    /// failure if it does not within `timeout` seconds.
+    func drain(timeout: Double = 60) throws {
+        let deadline = Date().addingTimeInterval(timeout)
+        condition.lock()
+        defer { condition.unlock() }
+        while !queue.isEmpty {
+            if !condition.wait(until: deadline) {
+                throw UbiquityError(EIO, "the replica index did not take its queued changes: \(failure ?? "timed out")")
+            }
+        }
+    }
+
+    /// Stop the thread after the batch under way (what is still queued is in
+    /// the log: the next open applies it) and wait for it.
+    func stop() {
+        condition.lock()
+        let wasStopping = stopping
+        stopping = true
+        condition.broadcast()
+        condition.unlock()
+        if !wasStopping { finished.wait() }
+    }
+
+    private func run() {
+        defer { finished.signal() }
+        var reported: String?
+        while true {
+            condition.lock()
+            while queue.isEmpty && !stopping { condition.wait() }
+            if stopping {
+                condition.unlock()
+                return
+            }
+            var count = 0
+            var taken = 0
+            for record in queue {
+                if taken > 0 && count + record.ops.count > Self.batchLimit { break }
+                count += record.ops.count
+                taken += 1
+            }
+            let batch = Array(queue.prefix(taken))
+            condition.unlock()
+
+            var ops: [IndexOp] = []
+            ops.reserveCapacity(count + 1)
+            for record in batch { ops.append(contentsOf: record.ops) }
+            let last = batch.last!.seq
+            ops.append(.meta(key: "log_applied", value: String(last)))
+            do {
+                try index.write(ops)
+                condition.lock()
+                queue.removeFirst(taken)
+                appliedSeq = last
+                failure = nil
+                let empty = queue.isEmpty
+                condition.broadcast()
+                condition.unlock()
+                reported = nil
+                index.checkpointIfDue()
+                if empty { idle() }
+            } catch {
+                let message = UbiquityError.wrap(error).message
+                condition.lock()
+                failure = message
+                condition.broadcast()
+                _ = condition.wait(until: Date().addingTimeInterval(1))
+                condition.unlock()
+                if reported != message {
+                    reported = message
+                    FileHandle.standardError.write(Data("ubiquityfs: the replica index is behind its operation log (retrying): \(message)\n".utf8))
+                }
+            }
+        }
+    }
+}

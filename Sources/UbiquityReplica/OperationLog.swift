@@ -1,0 +1,298 @@
+import Foundation
+import UbiquityStore
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// The index's operation log, `index.log`: how a change reaches the disk
+/// before its operation returns, in one `write(2)`.
+///
+/// A commit (`Replica.transaction`, `persist`, `committedView`) appends one
+/// record holding the commit's `IndexOp`s; that is the moment the change is
+/// committed. The record is in the kernel once `write` returns, so it
+/// survives `kill -9` of the daemon, exactly as a SQLite WAL commit with
+/// `synchronous=NORMAL` did (a power loss may lose what the kernel had not
+/// written back, as before). `IndexApplier` then writes the records to
+/// SQLite in the background, many per SQLite transaction, with the number
+/// of the last one (`meta.log_applied`) in the same transaction; once
+/// SQLite holds every record, the log is emptied (`truncate`).
+///
+/// Opening a replica replays the records SQLite lacks (`seq >
+/// log_applied`) before the namespace is loaded. A record is used only
+/// whole: a length past the end of the file or a checksum that does not
+/// match ends the log there (a write cut short by a full disk, or a power
+/// loss), and that tail is cut off.
+///
+/// Record: `u32 payload length, u32 CRC-32 of (seq ‖ payload), u64 seq`,
+/// then the payload: `u32 op count` and the ops (`IndexOpCodec`), all
+/// little-endian. Sequence numbers only grow (they continue from
+/// `log_applied` when the log is empty).
+///
+/// Appends happen under `Replica.writer`; `size` and `lastSeq` are guarded
+/// by it.
+final class OperationLog: @unchecked Sendable {
+    struct Record {
+        var seq: UInt64
+        var ops: [IndexOp]
+    }
+
+    static let headerSize = 16
+    let path: String
+    let fd: Int32
+    /// Bytes in the log (the end of the last whole record).
+    private(set) var size: Int
+    /// Number of the last record appended (or applied, when the log is empty).
+    var lastSeq: UInt64 = 0
+
+    /// Open (creating it if needed) the log at `path` and read its whole
+    /// records; a damaged or cut-off tail is removed.
+    init(path: String) throws {
+        self.path = path
+        fd = open(path, O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC, 0o600)
+        guard fd >= 0 else { throw UbiquityError.posix("open the replica's operation log \(path)") }
+        size = 0
+    }
+
+    deinit { close(fd) }
+
+    /// The whole records in the log, in order; cuts off anything after them.
+    func readRecords() throws -> [Record] {
+        var st = stat()
+        guard fstat(fd, &st) == 0 else { throw UbiquityError.posix("stat \(path)") }
+        var bytes = [UInt8](repeating: 0, count: Int(st.st_size))
+        var done = 0
+        while done < bytes.count {
+            let n = bytes.withUnsafeMutableBytes { pread(fd, $0.baseAddress! + done, $0.count - done, off_t(done)) }
+            if n < 0 && errno == EINTR { continue }
+            guard n > 0 else { throw UbiquityError.posix("read \(path)") }
+            done += n
+        }
+        let (records, offset) = Self.parse(bytes)
+        if offset < bytes.count {
+            guard ftruncate(fd, off_t(offset)) == 0 else { throw UbiquityError.posix("cut the damaged tail of \(path)") }
+        }
+        size = offset
+        return records
+    }
+
+    /// The whole records at the start of `bytes`, and where they end.
+    static func parse(_ bytes: [UInt8]) -> (records: [Record], end: Int) {
+        var records: [Record] = []
+        var offset = 0
+        while offset + Self.headerSize <= bytes.count {
+            var reader = ByteReader(bytes: bytes, offset: offset)
+            guard let length = try? reader.u32(), let checksum = try? reader.u32(), let seq = try? reader.u64() else { break }
+            let end = offset + Self.headerSize + Int(length)
+            guard end <= bytes.count,
+                  CRC32.checksum(bytes[(offset + 8)..<end]) == checksum,
+                  let ops = try? IndexOpCodec.decode(&reader, end: end) else { break }
+            records.append(Record(seq: seq, ops: ops))
+            offset = end
+        }
+        return (records, offset)
+    }
+
+    /// Append one record of `ops` (the caller holds `Replica.writer`) and
+    /// return its number. A failed write leaves the log as it was: `ENOSPC`
+    /// when the disk has no room, `EIO` otherwise.
+    func append(_ ops: [IndexOp]) throws -> UInt64 {
+        let seq = lastSeq + 1
+        let bytes = Self.encode(seq: seq, ops)
+        var written = 0
+        while written < bytes.count {
+            let n = bytes.withUnsafeBytes { write(fd, $0.baseAddress! + written, $0.count - written) }
+            if n < 0 {
+                if errno == EINTR { continue }
+                let code = errno
+                // A record cut short must not stay: the next one would follow garbage.
+                _ = ftruncate(fd, off_t(size))
+                if code == ENOSPC || code == EDQUOT {
+                    throw UbiquityError(ENOSPC, "the replica's disk is full: the index cannot record the change")
+                }
+                throw UbiquityError(EIO, "write the replica's operation log \(path): \(String(cString: strerror(code)))")
+            }
+            written += n
+        }
+        size += bytes.count
+        lastSeq = seq
+        return seq
+    }
+
+    /// Empty the log (every record is in SQLite; the caller holds `Replica.writer`).
+    func truncate() {
+        if ftruncate(fd, 0) == 0 { size = 0 }
+    }
+
+    static func encode(seq: UInt64, _ ops: [IndexOp]) -> [UInt8] {
+        var w = ByteWriter()
+        w.bytes.reserveCapacity(64 + ops.count * 160)
+        w.u32(0)   // length, filled in below
+        w.u32(0)   // checksum, filled in below
+        w.u64(seq)
+        IndexOpCodec.encode(ops, into: &w)
+        let length = UInt32(w.bytes.count - headerSize)
+        let checksum = CRC32.checksum(w.bytes[8...])
+        w.set(u32: length, at: 0)
+        w.set(u32: checksum, at: 4)
+        return w.bytes
+    }
+}
+
+/// The binary form of `IndexOp`s in the operation log. A node carries
+/// exactly the fields the index stores (`Index.writeTransaction`).
+enum IndexOpCodec {
+    static func encode(_ ops: [IndexOp], into w: inout ByteWriter) {
+        w.u32(UInt32(ops.count))
+        for op in ops {
+            switch op {
+            case .node(let n):
+                w.u8(1)
+                w.u64(n.ino); w.string(n.id); w.string(n.kind.rawValue)
+                w.u32(n.mode); w.u32(n.uid); w.u32(n.gid)
+                w.u64(n.size); w.u64(n.rdev); w.optionalString(n.target)
+                w.optionalString(n.hash); w.u64(n.hashSize); w.bool(n.chunked)
+                for t in [n.atime, n.mtime, n.ctime, n.btime] { w.u64(UInt64(bitPattern: t.sec)); w.u64(UInt64(bitPattern: t.nsec)) }
+                w.u32(UInt32(n.xattrs.count))
+                for (key, value) in n.xattrs { w.string(key); w.data(Array(value)) }
+                w.bool(n.hasContent); w.u64(n.contentGeneration); w.u64(n.pushedGeneration)
+                w.u64(n.version); w.u64(n.change); w.u64(n.pushed); w.bool(n.unlinked)
+                w.u64(n.lastParent); w.data(n.lastName.bytes)
+                w.u32(UInt32(n.conflicts.count))
+                for c in n.conflicts { w.string(c) }
+                w.bool(n.pinned); w.string(n.author); w.optionalString(n.verifiedHash); w.bool(n.unacknowledgedWrites)
+            case .removeNode(let ino):
+                w.u8(2); w.u64(ino)
+            case .entry(let parent, let name, let child):
+                w.u8(3); w.u64(parent); w.data(name.bytes); w.u64(child)
+            case .removeEntry(let parent, let name):
+                w.u8(4); w.u64(parent); w.data(name.bytes)
+            case .pendingEntry(let parent, let name, let change, let base):
+                w.u8(5); w.u64(parent); w.data(name.bytes); w.u64(change); w.u64(base)
+            case .clearPendingEntry(let parent, let name):
+                w.u8(6); w.u64(parent); w.data(name.bytes)
+            case .meta(let key, let value):
+                w.u8(7); w.string(key); w.string(value)
+            case .quarantine(let record):
+                w.u8(8); w.u64(record.seq); w.string(record.reason); w.u64(record.date.timeIntervalSince1970.bitPattern)
+            }
+        }
+    }
+
+    struct Malformed: Error {}
+
+    static func decode(_ r: inout ByteReader, end: Int) throws -> [IndexOp] {
+        let count = Int(try r.u32())
+        var ops: [IndexOp] = []
+        ops.reserveCapacity(min(count, 4096))
+        for _ in 0..<count {
+            switch try r.u8() {
+            case 1:
+                let ino = try r.u64()
+                let id = try r.string()
+                guard let kind = NodeKind(rawValue: try r.string()) else { throw Malformed() }
+                let mode = try r.u32(), uid = try r.u32(), gid = try r.u32()
+                let size = try r.u64(), rdev = try r.u64()
+                let target = try r.optionalString()
+                var n = LocalNode(ino: ino, id: id, kind: kind, mode: mode, uid: uid, gid: gid,
+                                  size: size, rdev: rdev, target: target, time: Timespec(sec: 0, nsec: 0))
+                n.hash = try r.optionalString(); n.hashSize = try r.u64(); n.chunked = try r.bool()
+                var times: [Timespec] = []
+                for _ in 0..<4 { times.append(Timespec(sec: Int64(bitPattern: try r.u64()), nsec: Int64(bitPattern: try r.u64()))) }
+                (n.atime, n.mtime, n.ctime, n.btime) = (times[0], times[1], times[2], times[3])
+                let xattrCount = Int(try r.u32())
+                for _ in 0..<xattrCount {
+                    let key = try r.string()
+                    n.xattrs[key] = Data(try r.data())
+                }
+                n.hasContent = try r.bool(); n.contentGeneration = try r.u64(); n.pushedGeneration = try r.u64()
+                n.version = try r.u64(); n.change = try r.u64(); n.pushed = try r.u64(); n.unlinked = try r.bool()
+                n.lastParent = try r.u64(); n.lastName = FileName(bytes: try r.data())
+                let conflictCount = Int(try r.u32())
+                for _ in 0..<conflictCount { n.conflicts.append(try r.string()) }
+                n.pinned = try r.bool(); n.author = try r.string(); n.verifiedHash = try r.optionalString()
+                n.unacknowledgedWrites = try r.bool()
+                ops.append(.node(n))
+            case 2: ops.append(.removeNode(try r.u64()))
+            case 3: ops.append(.entry(parent: try r.u64(), name: FileName(bytes: try r.data()), child: try r.u64()))
+            case 4: ops.append(.removeEntry(parent: try r.u64(), name: FileName(bytes: try r.data())))
+            case 5: ops.append(.pendingEntry(parent: try r.u64(), name: FileName(bytes: try r.data()),
+                                             change: try r.u64(), base: try r.u64()))
+            case 6: ops.append(.clearPendingEntry(parent: try r.u64(), name: FileName(bytes: try r.data())))
+            case 7: ops.append(.meta(key: try r.string(), value: try r.string()))
+            case 8: ops.append(.quarantine(QuarantinedRecord(seq: try r.u64(), reason: try r.string(),
+                                                             date: Date(timeIntervalSince1970: Double(bitPattern: try r.u64())))))
+            default: throw Malformed()
+            }
+            guard r.offset <= end else { throw Malformed() }
+        }
+        guard r.offset == end else { throw Malformed() }
+        return ops
+    }
+}
+
+struct ByteWriter {
+    var bytes: [UInt8] = []
+
+    mutating func u8(_ v: UInt8) { bytes.append(v) }
+    mutating func bool(_ v: Bool) { bytes.append(v ? 1 : 0) }
+    mutating func u32(_ v: UInt32) { withUnsafeBytes(of: v.littleEndian) { bytes.append(contentsOf: $0) } }
+    mutating func u64(_ v: UInt64) { withUnsafeBytes(of: v.littleEndian) { bytes.append(contentsOf: $0) } }
+    mutating func data(_ v: [UInt8]) { u32(UInt32(v.count)); bytes.append(contentsOf: v) }
+    mutating func string(_ v: String) { data(Array(v.utf8)) }
+    mutating func optionalString(_ v: String?) {
+        bool(v != nil)
+        if let v { string(v) }
+    }
+    mutating func set(u32 v: UInt32, at offset: Int) {
+        withUnsafeBytes(of: v.littleEndian) { for (i, b) in $0.enumerated() { bytes[offset + i] = b } }
+    }
+}
+
+struct ByteReader {
+    let bytes: [UInt8]
+    var offset: Int
+
+    mutating func take(_ n: Int) throws -> ArraySlice<UInt8> {
+        guard n >= 0, n <= bytes.count - offset else { throw IndexOpCodec.Malformed() }
+        defer { offset += n }
+        return bytes[offset..<(offset + n)]
+    }
+    mutating func u8() throws -> UInt8 { try take(1).first! }
+    mutating func bool() throws -> Bool {
+        switch try u8() {
+        case 0: return false
+        case 1: return true
+        default: throw IndexOpCodec.Malformed()
+        }
+    }
+    mutating func u32() throws -> UInt32 {
+        try take(4).reversed().reduce(0) { $0 << 8 | UInt32($1) }
+    }
+    mutating func u64() throws -> UInt64 {
+        try take(8).reversed().reduce(0) { $0 << 8 | UInt64($1) }
+    }
+    mutating func data() throws -> [UInt8] { Array(try take(Int(try u32()))) }
+    mutating func string() throws -> String {
+        let raw = try data()
+        guard let s = String(validating: raw, as: UTF8.self) else { throw IndexOpCodec.Malformed() }
+        return s
+    }
+    mutating func optionalString() throws -> String? { try bool() ? try string() : nil }
+}
+
+/// CRC-32 (IEEE 802.3), for telling a whole log record from a cut-off one.
+enum CRC32 {
+    static let table: [UInt32] = (0..<256).map { i -> UInt32 in
+        var c = UInt32(i)
+        for _ in 0..<8 { c = c & 1 != 0 ? 0xEDB8_8320 ^ (c >> 1) : c >> 1 }
+        return c
+    }
+
+    static func checksum(_ bytes: ArraySlice<UInt8>) -> UInt32 {
+        var crc: UInt32 = 0xFFFF_FFFF
+        table.withUnsafeBufferPointer { t in
+            for b in bytes { crc = t[Int((crc ^ UInt32(b)) & 0xFF)] ^ (crc >> 8) }
+        }
+        return crc ^ 0xFFFF_FFFF
+    }
+}

@@ -1,0 +1,153 @@
+import Foundation
+import Testing
+import UbiquityFS
+@testable import UbiquityReplica
+import UbiquityStore
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// The operation log: a change is committed when its record is written; the
+/// SQLite index catches up in the background, and a replica opened after a
+/// crash replays what SQLite lacked.
+@Suite struct OperationLogTests {
+    /// What the index keeps of a namespace (no runtime counts), in a stable order.
+    static func persisted(_ ns: Namespace) -> String {
+        var lines: [String] = []
+        for (ino, n) in ns.nodes.sorted(by: { $0.key < $1.key }) {
+            let xattrs = n.xattrs.sorted { $0.key < $1.key }.map { "\($0.key)=\($0.value.base64EncodedString())" }
+            lines.append("""
+                node \(ino) \(n.id) \(n.kind) \(n.mode) \(n.uid) \(n.gid) \(n.size) \(n.rdev) \(n.target ?? "-") \
+                \(n.hash ?? "-") \(n.hashSize) \(n.chunked) \(n.atime) \(n.mtime) \(n.ctime) \(n.btime) \(xattrs) \
+                \(n.hasContent) \(n.contentGeneration) \(n.pushedGeneration) \(n.version) \(n.change) \(n.pushed) \
+                \(n.unlinked) \(n.lastParent) \(n.lastName) \(n.conflicts) \(n.pinned) \(n.author) \
+                \(n.verifiedHash ?? "-") \(n.unacknowledgedWrites) \(n.nlink)
+                """)
+        }
+        for (dir, table) in ns.children.sorted(by: { $0.key < $1.key }) {
+            lines.append("dir \(dir) \(table.map { "\($0.key)=\($0.value.ino)" }.sorted())")
+        }
+        lines.append("pending \(ns.pendingEntries.map { "\($0.key.parent)/\($0.key.name)=\($0.value)" }.sorted())")
+        lines.append("bases \(ns.pendingEntryBase.map { "\($0.key.parent)/\($0.key.name)=\($0.value)" }.sorted())")
+        lines.append("counters \(ns.nextIno) \(ns.appliedSeq) quarantined \(ns.quarantined.map(\.seq))")
+        return lines.joined(separator: "\n")
+    }
+
+    /// Folders, files with content, a rename, a removal, a hard link, a
+    /// symlink, xattrs, a mode change: every kind of index operation.
+    func makeChanges(_ d: TestDevice) throws {
+        try d.mkdir("dir")
+        try d.mkdir("dir/sub")
+        try d.write("dir/a.txt", "a")
+        try d.write("b.txt", "bee")
+        try d.write("gone.txt", "x")
+        try d.fs.setxattr(ino: try d.resolve("b.txt"), name: "user.tag", value: Data([0, 1, 2, 255]), flags: 0)
+        _ = try d.fs.link(ino: try d.resolve("b.txt"), newParent: try d.resolve("dir"), newName: "b-link")
+        _ = try d.fs.symlink(target: "dir/a.txt", parent: Namespace.rootIno, name: "link", caller: Caller(uid: 0, gid: 0, pid: 0))
+        try d.fs.rename(parent: try d.resolve("dir"), name: "a.txt", newParent: try d.resolve("dir/sub"), newName: "moved é.txt", flags: [])
+        try d.fs.unlink(parent: Namespace.rootIno, name: "gone.txt")
+        _ = try d.fs.setattr(ino: try d.resolve("b.txt"), changes: AttributeChanges(mode: 0o600), handle: nil)
+        d.replica.withNamespace { ns in ns.quarantine(QuarantinedRecord(seq: 7, reason: "a test")) }
+        try d.replica.persist()
+    }
+
+    @Test func changesOnlyInTheLogSurviveACrash() throws {
+        let d = try TestDevice(store: InMemoryStore())
+        defer { d.cleanUp() }
+        try d.replica.applier.drain()
+        let sqliteBefore = Self.persisted(try Index(path: d.directory.appendingPathComponent("index.sqlite").path, readOnly: true).load())
+        d.replica.applier.stop()   // from here on SQLite gets nothing: only the log has the changes
+        try makeChanges(d)
+        let expected = d.replica.withNamespace { Self.persisted($0) }
+        #expect(expected != sqliteBefore)
+        // SQLite itself still has the state from before the changes...
+        let sqlite = Self.persisted(try Index(path: d.directory.appendingPathComponent("index.sqlite").path, readOnly: true).load())
+        #expect(sqlite == sqliteBefore)
+        // ...a reader without the replica's lock sees the log too...
+        #expect(Self.persisted(try Replica.readNamespace(directory: d.directory)) == expected)
+        // ...and after a crash (no drain, no checkpoint) the next open replays it.
+        d.replica.releaseLock()
+        let reopened = try Replica(directory: d.directory, rootOwner: (0, 0))
+        #expect(reopened.withNamespace { Self.persisted($0) } == expected)
+        #expect(reopened.log.size == 0)
+        #expect(try reopened.index.logApplied() == reopened.log.lastSeq)
+        // It goes on from there: a new change, a clean close, a third open.
+        try reopened.transaction(.grows) { ns in
+            let ino = ns.createNode(kind: .directory, mode: 0o755, uid: 0, gid: 0)
+            ns.linkEntry(Namespace.rootIno, "after", ino)
+        }
+        let afterwards = reopened.withNamespace { Self.persisted($0) }
+        try reopened.commitAndCheckpoint()
+        reopened.releaseLock()
+        let third = try Replica(directory: d.directory, rootOwner: (0, 0))
+        #expect(third.withNamespace { Self.persisted($0) } == afterwards)
+        third.releaseLock()
+    }
+
+    @Test func aCutOffOrDamagedTailIsDroppedAndTheLogGoesOn() throws {
+        let d = try TestDevice(store: InMemoryStore())
+        defer { d.cleanUp() }
+        d.replica.applier.stop()
+        try d.mkdir("kept")
+        try d.write("kept/file", "content")
+        try d.mkdir("last")   // one transaction: the last record
+        d.replica.releaseLock()
+        let path = d.directory.appendingPathComponent("index.log").path
+        let whole = try #require(FileManager.default.contents(atPath: path))
+        // A write cut short (a full disk, a power loss): the last record lost its end.
+        #expect(truncate(path, off_t(whole.count - 5)) == 0)
+        let first = try Replica(directory: d.directory, rootOwner: (0, 0))
+        let names = first.withNamespace { ns in ns.children[Namespace.rootIno]!.keys.map(\.description).sorted() }
+        #expect(names == ["kept"])
+        #expect(first.withNamespace { ns in ns.children.values.contains { $0["file"] != nil } })
+        first.applier.stop()
+        try first.transaction(.grows) { ns in
+            let ino = ns.createNode(kind: .directory, mode: 0o755, uid: 0, gid: 0)
+            ns.linkEntry(Namespace.rootIno, "new", ino)
+        }
+        first.releaseLock()
+        // Garbage after the last whole record: a checksum that cannot match.
+        let handle = try #require(FileHandle(forWritingAtPath: path))
+        handle.seekToEndOfFile()
+        handle.write(Data((0..<64).map { UInt8($0 * 7 % 251) }))
+        handle.closeFile()
+        let second = try Replica(directory: d.directory, rootOwner: (0, 0))
+        let after = second.withNamespace { ns in ns.children[Namespace.rootIno]!.keys.map(\.description).sorted() }
+        #expect(after == ["kept", "new"])
+        second.releaseLock()
+    }
+
+    @Test func recordsRoundTripAndDamageIsDetected() throws {
+        var node = LocalNode(ino: 42, id: "an-id", kind: .symlink, mode: 0o777, uid: 1000, gid: 100,
+                             size: 9, rdev: 3, target: "../target", time: Timespec(sec: -5, nsec: 999_999_999))
+        node.hash = "abc"; node.hashSize = 12; node.chunked = true
+        node.mtime = Timespec(sec: 1_700_000_000, nsec: 1)
+        node.xattrs = ["user.a": Data(), "user.b": Data([0, 255])]
+        node.hasContent = false; node.contentGeneration = 4; node.pushedGeneration = 3
+        node.version = 10; node.change = 11; node.pushed = 9; node.unlinked = true
+        node.lastParent = 1; node.lastName = FileName(bytes: [0xff, 0x61])
+        node.conflicts = ["c1", "c2"]; node.pinned = true; node.author = "device é"
+        node.verifiedHash = "v"; node.unacknowledgedWrites = true
+        let ops: [IndexOp] = [
+            .node(node), .removeNode(5), .entry(parent: 1, name: "n", child: 42), .removeEntry(parent: 1, name: "m"),
+            .pendingEntry(parent: 1, name: "p", change: 8, base: 2), .clearPendingEntry(parent: 1, name: "q"),
+            .meta(key: "k", value: "v"), .quarantine(QuarantinedRecord(seq: 3, reason: "r", date: Date(timeIntervalSince1970: 12.5))),
+        ]
+        let bytes = OperationLog.encode(seq: 77, ops)
+        let parsed = OperationLog.parse(bytes + OperationLog.encode(seq: 78, [.removeNode(1)]))
+        #expect(parsed.records.map(\.seq) == [77, 78])
+        #expect(parsed.end == bytes.count + OperationLog.encode(seq: 78, [.removeNode(1)]).count)
+        #expect("\(parsed.records[0].ops.dropFirst())" == "\(ops.dropFirst())")
+        guard case .node(let back) = parsed.records[0].ops[0] else { Issue.record("not a node"); return }
+        var a = node, b = back
+        (a.xattrs, b.xattrs) = ([:], [:])
+        #expect("\(a)" == "\(b)")
+        #expect(back.xattrs == node.xattrs)
+        // Any flipped byte makes the record (and what follows) unusable.
+        for i in stride(from: 0, to: bytes.count, by: 7) {
+            var damaged = bytes
+            damaged[i] ^= 0x40
+            #expect(OperationLog.parse(damaged).records.isEmpty, "byte \(i) flipped")
+        }
+    }
+}
