@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""UbiquityFS benchmark: our FUSE mount vs. bindfs over a plain directory.
+"""UbiquityFS benchmark: our FUSE mount vs. bindfs (and rclone mount) over a
+plain directory, all in the same run.
 
 This is a benchmark script, not a test: it measures, prints a table and
 (optionally) writes JSON.  It never fails on a missed target; it exits
@@ -9,13 +10,17 @@ Targets (columns):
   ubiquityfs  `ubiquityfs mount MP --store STORE` with XDG_DATA_HOME set to
               a scratch dir under --workdir.
   bindfs      `bindfs --no-allow-other SRC MP` over a plain directory under
-              --workdir (plain single-threaded FUSE loopback).
+              --workdir (plain single-threaded FUSE loopback).  The goals are
+              ratios against this column.
+  rclone      `rclone mount SRC MP --vfs-cache-mode full` over a plain
+              directory under --workdir (no rclone config is read), if rclone
+              is installed and --no-rclone is not given.  For comparison only.
   target      with --target DIR: any existing directory (e.g. a plain dir, or a
               mount you set up by hand).  It replaces the ubiquityfs column.
 
 Workloads (each runs on a fresh subdirectory of each target, same parameters):
   small   N x 4 KiB files: create+write, stat (cold), open+read (cold),
-          rename, unlink                                    -> ops/s
+          rename, unlink; then N directories: mkdir, rmdir -> ops/s
   seq     sequential write (incl. fsync+close), cold sequential read, 1 MiB
           blocks                                            -> MiB/s
   rand    4 KiB random reads / writes on one file (fio if present, else
@@ -326,6 +331,88 @@ class BindfsTarget(Target):
             wait_until(lambda: not pid_alive(self.pid), 10)
 
 
+RCLONE_INSTALL = "apt-get install -y rclone (or Packaging/install-deps.sh)"
+
+
+class RcloneTarget(Target):
+    """`rclone mount SRC MP --vfs-cache-mode full` over a local directory.
+    SRC is a plain local path, so no remote has to be configured; --config
+    /dev/null keeps rclone's config in memory (no user config is read) and
+    --cache-dir keeps the VFS cache under the workdir.  rclone runs in the
+    foreground as our child (its own session, so a Ctrl-C reaches only this
+    script), which gives us its pid for RSS and for stopping it."""
+    name = "rclone"
+
+    def __init__(self, workdir, extra_args, mount_timeout=60):
+        self.base = os.path.join(workdir, "rclone")
+        self.src = os.path.join(self.base, "src")
+        self.mp = os.path.join(self.base, "mnt")
+        self.cache = os.path.join(self.base, "cache")
+        self.args = ["--vfs-cache-mode", "full", "--config", os.devnull,
+                     "--cache-dir", self.cache] + extra_args
+        self.label = "rclone mount SRC MP " + shlex.join(self.args)
+        self.mount_timeout = mount_timeout
+        self.proc = None
+        self.logf = None
+        self.version = None
+
+    def setup(self):
+        if shutil.which("rclone") is None:
+            raise BenchError(f"rclone not found ({RCLONE_INSTALL}), or pass --no-rclone")
+        for p in (self.src, self.mp, self.cache):
+            os.makedirs(p, exist_ok=True)
+        cp = run(["rclone", "version"], check=False, timeout=30)
+        self.version = ((cp.stdout or "").splitlines() or ["?"])[0].strip()
+        self.label = f"{self.version}: {self.label}"
+        cmd = ["rclone", "mount", self.src, self.mp] + self.args
+        log(f"rclone: {shlex.join(cmd)}")
+        logpath = os.path.join(self.base, "rclone.log")
+        self.logf = open(logpath, "w")
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=self.logf,
+                                     stderr=subprocess.STDOUT, start_new_session=True)
+        self.pid = self.proc.pid
+        wait_until(lambda: is_mounted(self.mp) or self.proc.poll() is not None,
+                   self.mount_timeout)
+        if not is_mounted(self.mp):
+            with open(logpath) as f:
+                out = f.read().strip()
+            raise BenchError(f"rclone: mount did not appear within "
+                             f"{self.mount_timeout}s (rc={self.proc.poll()}). "
+                             f"Output:\n{out}")
+        log(f"rclone: pid {self.pid}")
+        self.root = self.mp
+
+    def teardown(self):
+        if self.proc is None:
+            return
+        if is_mounted(self.mp):
+            log("rclone: fusermount3 -u")
+            cp = fusermount_u(self.mp)
+            if is_mounted(self.mp):
+                warn(f"rclone: unmount failed ({(cp.stderr or '').strip()}); lazy unmount")
+                fusermount_u(self.mp, lazy=True)
+        # rclone exits by itself once its mount is gone; otherwise stop it by pid
+        for sig, wait in ((None, 30), (signal.SIGTERM, 10), (signal.SIGKILL, 10)):
+            if sig is not None and self.proc.poll() is None:
+                warn(f"rclone: pid {self.pid} still running; sending {sig.name}")
+                try:
+                    os.kill(self.pid, sig)
+                except ProcessLookupError:
+                    pass
+            try:
+                self.proc.wait(timeout=wait)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        if self.proc.poll() is None:
+            warn(f"rclone: pid {self.pid} did not exit")
+        else:
+            self.proc = None
+        if self.logf:
+            self.logf.close()
+            self.logf = None
+
+
 class UbiquityTarget(Target):
     name = "ubiquityfs"
 
@@ -463,6 +550,17 @@ def wl_small(t, d, cfg, pool):
     for p in renamed:
         os.unlink(p)
     res["small_unlink"] = n / (time.perf_counter() - t0)
+
+    dirs = [os.path.join(d, f"d{i:06d}") for i in range(n)]
+    t0 = time.perf_counter()
+    for p in dirs:
+        os.mkdir(p, 0o755)
+    res["small_mkdir"] = n / (time.perf_counter() - t0)
+
+    t0 = time.perf_counter()
+    for p in dirs:
+        os.rmdir(p)
+    res["small_rmdir"] = n / (time.perf_counter() - t0)
     return res
 
 
@@ -665,10 +763,18 @@ def wl_rss(t, d, cfg, pool):
     for p in dirs:
         os.mkdir(p)
     t0 = time.perf_counter()
+    next_log = t0 + 30
     for i in range(n):
         fd = os.open(os.path.join(dirs[i % ndirs], f"f{i:06d}"), flags, 0o644)
         os.write(fd, pool.chunk(i, cfg.rss_file_size))
         os.close(fd)
+        if i % 1000 == 999 and time.perf_counter() >= next_log:
+            # progress for long runs (--rss-files 1000000); costs nothing measurable
+            now = time.perf_counter()
+            rss, _ = t.rss_kib()
+            log(f"  {t.name}: {i + 1:,}/{n:,} files, {(i + 1) / (now - t0):,.0f}/s"
+                + (f", VmRSS {rss / KiB:,.0f} MiB" if rss is not None else ""))
+            next_log = now + 30
     el = time.perf_counter() - t0
     os.sync()
     time.sleep(1.0)  # let the daemon settle
@@ -690,37 +796,46 @@ WORKLOADS = {
 }
 ORDER = ["small", "seq", "rand", "git", "rss"]   # rss last: leaves files behind
 
-# metric -> (workload label, unit, kind, target)
-#   kind: "rate" higher is better, ratio = ours/bindfs
-#         "time" lower is better,  ratio = bindfs/ours (>1: we are faster)
-#         "mem"  lower is better,  ratio = ours/bindfs (<1: we use less)
-#   target: ("ratio>=", x) or ("abs<=", x) or None
+# metric -> (workload label, unit, kind, goal)
+#   kind: "rate" higher is better, ratio = ours/other
+#         "time" lower is better,  ratio = other/ours (>1: we are faster)
+#         "mem"  lower is better,  ratio = ours/other (<1: we use less)
+#   goal, from issue 11 ("Where it stands" and "Deliver"):
+#         ("ratio>=", x, note): ratio against bindfs in the same run;
+#                               note "keep" = already above it, must stay there
+#         ("abs<=", x, note):   absolute value for ubiquityfs
+#         None:                 shown for information
+RSS_GOAL_ITEMS = 1_000_000   # the memory goal is for a container of 1,000,000 items
 METRICS = [
-    ("small_create", "small: create+write 4K", "ops/s", "rate", ("ratio>=", 0.7)),
-    ("small_stat", "small: stat (cold)", "ops/s", "rate", ("ratio>=", 0.7)),
-    ("small_read", "small: open+read (cold)", "ops/s", "rate", ("ratio>=", 0.7)),
-    ("small_rename", "small: rename", "ops/s", "rate", ("ratio>=", 0.7)),
-    ("small_unlink", "small: unlink", "ops/s", "rate", ("ratio>=", 0.7)),
-    ("seq_write", "seq: write 1M (+fsync)", "MiB/s", "rate", ("ratio>=", 0.8)),
-    ("seq_read", "seq: read 1M (cold)", "MiB/s", "rate", ("ratio>=", 0.8)),
-    ("rand_read_iops", "rand: 4K read", "IOPS", "rate", None),
+    ("small_create", "small: create+write 4K", "ops/s", "rate", ("ratio>=", 1.0, "")),
+    ("small_stat", "small: stat (cold)", "ops/s", "rate", ("ratio>=", 1.0, "keep")),
+    ("small_read", "small: open+read (cold)", "ops/s", "rate", ("ratio>=", 1.0, "")),
+    ("small_rename", "small: rename", "ops/s", "rate", ("ratio>=", 1.0, "")),
+    ("small_unlink", "small: unlink", "ops/s", "rate", ("ratio>=", 1.0, "")),
+    ("small_mkdir", "small: mkdir", "ops/s", "rate", ("ratio>=", 1.0, "")),
+    ("small_rmdir", "small: rmdir", "ops/s", "rate", None),
+    ("seq_write", "seq: write 1M (+fsync)", "MiB/s", "rate", ("ratio>=", 1.0, "keep")),
+    ("seq_read", "seq: read 1M (cold)", "MiB/s", "rate", ("ratio>=", 1.0, "keep")),
+    ("rand_read_iops", "rand: 4K read", "IOPS", "rate", ("ratio>=", 1.0, "keep")),
     ("rand_read_mibs", "rand: 4K read", "MiB/s", "rate", None),
-    ("rand_write_iops", "rand: 4K write (+fsync)", "IOPS", "rate", None),
+    ("rand_write_iops", "rand: 4K write (+fsync)", "IOPS", "rate", ("ratio>=", 1.0, "")),
     ("rand_write_mibs", "rand: 4K write (+fsync)", "MiB/s", "rate", None),
-    ("git_clone", "git clone --no-hardlinks", "s", "time", None),
+    ("git_clone", "git clone (N files)", "s", "time", ("ratio>=", 1.0, "")),
     ("rss_create", "rss: create N files", "ops/s", "rate", None),
     ("rss_mount", "rss: daemon VmRSS after mount", "MiB", "mem", None),
     ("rss_before", "rss: daemon VmRSS before N", "MiB", "mem", None),
-    ("rss_after", "rss: daemon VmRSS after N", "MiB", "mem", ("abs<=", 200)),
+    ("rss_after", "rss: daemon VmRSS after N", "MiB", "mem", ("abs<=", 200, "")),
     ("rss_peak", "rss: daemon VmHWM (peak)", "MiB", "mem", None),
 ]
+OTHERS = ("bindfs", "rclone")   # comparison columns; goals are against bindfs
 
 
 # --------------------------------------------------------------------------
 # reporting
 # --------------------------------------------------------------------------
 
-DISPLAY = {"ubiquityfs": "ubiquityfs", "target": "dir", "bindfs": "bindfs"}
+DISPLAY = {"ubiquityfs": "ubiquityfs", "target": "dir", "bindfs": "bindfs",
+           "rclone": "rclone"}
 
 
 def fmt(v, unit):
@@ -741,55 +856,79 @@ def spread(samples):
     return (max(samples) - min(samples)) / med if med else None
 
 
+def ratio_of(kind, ours, other):
+    """>1 = we are better for rates and times; <1 = we use less memory."""
+    if ours is None or other is None or ours <= 0 or other <= 0:
+        return None
+    return other / ours if kind == "time" else ours / other
+
+
 def build_rows(results, ours_name, cfg, raw=None):
     raw = raw or {}
     rows = []
-    for key, label, unit, kind, target in METRICS:
+    for key, label, unit, kind, goal in METRICS:
         o = results.get(ours_name, {}).get(key)
         b = results.get("bindfs", {}).get(key)
-        if o is None and b is None:
+        rc = results.get("rclone", {}).get(key)
+        if o is None and b is None and rc is None:
             continue
         if key.startswith("rss_"):
             label = label.replace(" N", f" {cfg.rss_files:,}")
-        ratio = None
-        if o is not None and b is not None and o > 0 and b > 0:
-            ratio = b / o if kind == "time" else o / b
+        elif key == "git_clone":
+            label = label.replace(" N ", f" {cfg.git_files:,} ")
+        ratio = ratio_of(kind, o, b)
         tgt, verdict = "", ""
-        if target:
-            op, x = target
+        if goal:
+            op, x, note = goal
             if op == "ratio>=":
-                tgt = f"≥{x}×"
+                tgt = f"≥{x:.1f}×" + (f" ({note})" if note else "")
                 if ratio is not None:
                     verdict = "ok" if ratio >= x else "MISS"
             elif op == "abs<=":
-                tgt = f"≤{x} {unit}"
+                tgt = f"≤{x} {unit} @ {RSS_GOAL_ITEMS:,}" + (f" ({note})" if note else "")
                 if o is not None and ours_name == "ubiquityfs":
                     verdict = "ok" if o <= x else "MISS"
+                    if key.startswith("rss_") and cfg.rss_files < RSS_GOAL_ITEMS:
+                        verdict += "*"   # measured with fewer items than the goal's
         spreads = [x for x in (spread(raw.get(n, {}).get(key))
-                               for n in (ours_name, "bindfs")) if x is not None]
+                               for n in (ours_name,) + OTHERS) if x is not None]
         rows.append({"metric": key, "workload": label, "unit": unit, "kind": kind,
-                     "ours_name": ours_name, "ours": o, "bindfs": b, "ratio": ratio,
+                     "ours_name": ours_name, "ours": o, "bindfs": b, "rclone": rc,
+                     "ratio": ratio, "ratio_rclone": ratio_of(kind, o, rc),
                      "spread": max(spreads) if spreads else None,
                      "goal": tgt, "verdict": verdict})
     return rows
 
 
-def print_table(rows, ours_name, out=sys.stdout):
+def print_table(rows, ours_name, notes=(), rss_files=None, out=sys.stdout):
+    """notes: {column name: why it has no figures}, e.g. rclone not installed."""
+    notes = dict(notes)
     show_spread = any(r["spread"] is not None for r in rows)
-    hdr = ["workload", "unit", DISPLAY.get(ours_name, ours_name), "bindfs", "ratio"]
+    hdr = ["workload", "unit", DISPLAY.get(ours_name, ours_name), "bindfs", "rclone",
+           "vs bindfs", "vs rclone"]
     hdr += ["spread"] if show_spread else []
-    hdr += ["goal (issue)", ""]
+    hdr += ["goal (vs bindfs)", ""]
+
+    def ratio_cell(v, col):
+        if col in notes:
+            return "n/a"
+        return "—" if v is None else f"{v:.2f}×"
+
+    def value_cell(v, unit, col):
+        return "n/a" if col in notes else fmt(v, unit)
+
     table = [hdr]
     for r in rows:
-        ratio = "—" if r["ratio"] is None else f"{r['ratio']:.2f}×"
-        row = [r["workload"], r["unit"], fmt(r["ours"], r["unit"]),
-               fmt(r["bindfs"], r["unit"]), ratio]
+        row = [r["workload"], r["unit"], value_cell(r["ours"], r["unit"], ours_name),
+               value_cell(r["bindfs"], r["unit"], "bindfs"),
+               value_cell(r["rclone"], r["unit"], "rclone"),
+               ratio_cell(r["ratio"], "bindfs"), ratio_cell(r["ratio_rclone"], "rclone")]
         if show_spread:
             row.append("" if r["spread"] is None else f"{100 * r['spread']:.0f}%")
         row += [r["goal"], r["verdict"]]
         table.append(row)
     widths = [max(len(row[i]) for row in table) for i in range(len(hdr))]
-    right = {2, 3, 4, 5} if show_spread else {2, 3, 4}
+    right = set(range(2, 8 if show_spread else 7))
 
     def line(row):
         cells = [c.rjust(widths[i]) if i in right else c.ljust(widths[i])
@@ -800,11 +939,17 @@ def print_table(rows, ours_name, out=sys.stdout):
     print("  ".join("-" * w for w in widths).rstrip(), file=out)
     for row in table[1:]:
         print(line(row), file=out)
-    print("\nratio: rates = ours/bindfs, times = bindfs/ours (>1 = we are faster); "
-          "memory = ours/bindfs (<1 = we use less).", file=out)
+    print("\nvs X: rates = ours/X, times = X/ours (>1 = we are faster); memory = "
+          "ours/X (<1 = we use less).\nGoals are from issue 11 and judged on "
+          "'vs bindfs'; 'keep' = at the goal today, must stay there.", file=out)
+    if rss_files is not None and any(r["verdict"].endswith("*") for r in rows):
+        print(f"*: measured with {rss_files:,} items; the memory goal is for "
+              f"{RSS_GOAL_ITEMS:,} (--rss-files {RSS_GOAL_ITEMS}).", file=out)
     if show_spread:
-        print("spread: (max-min)/median over the --repeat samples, worst of the two "
+        print("spread: (max-min)/median over the --repeat samples, worst of the "
               "columns; values are medians.", file=out)
+    for col, why in notes.items():
+        print(f"{DISPLAY.get(col, col)}: n/a, {why}", file=out)
 
 
 # --------------------------------------------------------------------------
@@ -827,13 +972,16 @@ def default_bin():
 
 def parse_args(argv):
     ap = argparse.ArgumentParser(
-        description="Benchmark the UbiquityFS mount against bindfs over a plain dir.",
+        description="Benchmark the UbiquityFS mount against bindfs (and rclone mount, "
+                    "if installed) over a plain dir.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("--bin", default=None,
                     help="ubiquityfs binary (default: .build/release/ubiquityfs, "
                          "else .build/debug/ubiquityfs)")
-    ap.add_argument("--only", choices=["ubiquityfs", "bindfs", "target"],
+    ap.add_argument("--only", choices=["ubiquityfs", "bindfs", "rclone", "target"],
                     help="run a single target")
+    ap.add_argument("--no-rclone", action="store_true",
+                    help="skip the rclone column (it runs whenever rclone is installed)")
     ap.add_argument("--target", metavar="DIR",
                     help="benchmark an existing directory instead of ubiquityfs "
                          "(bindfs still runs for comparison unless --only target)")
@@ -872,6 +1020,9 @@ def parse_args(argv):
                         "has big writes). Pass '' for stock bindfs; add "
                         "'--multithreaded' for a multithreaded baseline")
     m.add_argument("--ubq-args", default="", help="extra args for `ubiquityfs mount`")
+    m.add_argument("--rclone-args", default="",
+                   help="extra args for `rclone mount SRC MP --vfs-cache-mode full "
+                        "--config /dev/null --cache-dir DIR`")
     m.add_argument("--mount-timeout", type=int, default=120,
                    help="seconds to wait for `ubiquityfs mount` to return")
     m.add_argument("--unmount-timeout", type=int, default=600,
@@ -890,6 +1041,10 @@ def parse_args(argv):
     cfg.workloads = [w for w in ORDER if w in cfg.workloads]
     if cfg.only == "target" and not cfg.target:
         ap.error("--only target needs --target DIR")
+    if cfg.only == "rclone" and cfg.no_rclone:
+        ap.error("--only rclone contradicts --no-rclone")
+    if cfg.only == "rclone" and shutil.which("rclone") is None:
+        ap.error(f"--only rclone: rclone is not installed ({RCLONE_INSTALL})")
     if cfg.target and cfg.only == "ubiquityfs":
         ap.error("--target replaces ubiquityfs; use --only target or --only bindfs")
     if cfg.rand_engine == "auto":
@@ -957,7 +1112,21 @@ def main(argv=None):
         warn("not root: caches cannot be dropped, 'cold' figures will be warm")
 
     ours_name = "target" if cfg.target else "ubiquityfs"
-    names = [cfg.only] if cfg.only else [ours_name, "bindfs"]
+    notes = {}     # column -> why it has no figures (printed under the table)
+    remarks = []   # other things the reader must know (printed under the table)
+    if cfg.only:
+        names = [cfg.only]
+    else:
+        names = [ours_name, "bindfs"]
+        if cfg.no_rclone:
+            notes["rclone"] = "skipped (--no-rclone)"
+        elif shutil.which("rclone") is None:
+            notes["rclone"] = f"rclone is not installed: {RCLONE_INSTALL}"
+        else:
+            names.append("rclone")
+    for col in (ours_name,) + OTHERS:
+        if col not in names and col not in notes:
+            notes[col] = f"not run (--only {cfg.only})"
 
     targets = {}
     results = {n: {} for n in names}
@@ -986,10 +1155,21 @@ def main(argv=None):
                                    shlex.split(cfg.ubq_args), cfg.mount_timeout)
             elif n == "bindfs":
                 t = BindfsTarget(cfg.workdir, shlex.split(cfg.bindfs_args))
+            elif n == "rclone":
+                t = RcloneTarget(cfg.workdir, shlex.split(cfg.rclone_args))
             else:
                 t = DirTarget(cfg.target, cfg.target_pid)
             targets[n] = t
-            t.setup()
+            try:
+                t.setup()
+            except BenchError as e:
+                if n != "rclone" or cfg.only:
+                    raise
+                # rclone is a comparison only: the run goes on without it
+                warn(f"rclone: {e}")
+                notes["rclone"] = "mount failed: " + str(e).splitlines()[0]
+                names.remove("rclone")
+                continue
             rss, _ = t.rss_kib()
             if rss is not None:
                 raw[n]["rss_mount"] = [rss / KiB]
@@ -997,19 +1177,31 @@ def main(argv=None):
         for wl in cfg.workloads:
             reps = 1 if wl == "rss" else cfg.repeat  # rss accumulates files
             for rep in range(reps):
-                order = names if rep % 2 == 0 else list(reversed(names))
+                order = list(names) if rep % 2 == 0 else list(reversed(names))
                 for n in order:
+                    if n not in names:
+                        continue  # rclone failed in an earlier workload
                     t = targets[n]
                     d = os.path.join(t.root, f"{wl}-{rep}")
                     log(f"{wl} [{rep + 1}/{reps}] on {n}")
-                    r = WORKLOADS[wl](t, d, cfg, pool)
-                    t.check_alive()
+                    try:
+                        r = WORKLOADS[wl](t, d, cfg, pool)
+                        t.check_alive()
+                    except (BenchError, OSError) as e:
+                        if n != "rclone" or cfg.only:
+                            raise
+                        warn(f"rclone failed in {wl}: {e}")
+                        remarks.append(f"rclone failed in workload {wl} "
+                                       f"({str(e).splitlines()[0]}); it ran no further "
+                                       "workloads")
+                        names.remove("rclone")
+                        continue
                     for k, v in r.items():
                         raw[n].setdefault(k, []).append(v)
                     log("  " + ", ".join(f"{k}={v:,.1f}" for k, v in r.items()))
                     if wl != "rss":
                         rmtree(d)  # untimed cleanup
-        for n in names:
+        for n in raw:
             for k, vs in raw[n].items():
                 results[n][k] = statistics.median(vs)
     except KeyboardInterrupt as e:
@@ -1038,15 +1230,19 @@ def main(argv=None):
     params = {k: getattr(cfg, k) for k in
               ["small_files", "small_size", "seq_mib", "seq_bs_kib", "rand_file_mib",
                "rand_ops", "rand_engine", "git_files", "git_dirs", "git_commits",
-               "rss_files", "rss_dirs", "rss_file_size", "repeat", "quick", "seed"]}
+               "rss_files", "rss_dirs", "rss_file_size", "repeat", "quick", "seed",
+               "bindfs_args", "ubq_args", "rclone_args"]}
     print()
     print(f"UbiquityFS benchmark  {started:%Y-%m-%d %H:%M UTC}  "
           f"{platform.node()}  kernel {platform.release()}  {os.cpu_count()} cpus")
-    for n in names:
-        print(f"  {n}: {targets[n].label if n in targets else '?'}")
+    for n in targets:
+        print(f"  {n}: {targets[n].label}")
     print("  params: " + " ".join(f"{k}={v}" for k, v in params.items()))
     print()
-    print_table(rows, ours_name)
+    print_table(rows, ours_name, notes,
+                rss_files=cfg.rss_files if "rss" in cfg.workloads else None)
+    for r in remarks:
+        print(r)
     u = targets.get("ubiquityfs")
     if u is not None and u.unmount_seconds is not None:
         print(f"ubiquityfs unmount (drains pending uploads): "
@@ -1060,6 +1256,8 @@ def main(argv=None):
             "host": platform.node(), "kernel": platform.release(),
             "cpus": os.cpu_count(),
             "targets": {n: targets[n].label for n in targets},
+            "not_run": notes,
+            "remarks": remarks,
             "params": params,
             "results": results,
             "samples": raw,

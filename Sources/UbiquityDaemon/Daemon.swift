@@ -363,6 +363,9 @@ package final class Daemon: @unchecked Sendable {
                 throw UbiquityError(EHOSTDOWN, "\(offlineReason); this device has no replica of \(id) to work offline with")
             }
             let replica = try Replica(directory: replicaDir, rootOwner: (getuid(), getgid()))
+            if replica.replayedRecords > 0 {
+                logger.info("\(id): the daemon stopped before the index took \(replica.replayedRecords) operation log records; replayed them")
+            }
             // UBIQUITYFS_SNAPSHOT_INTERVAL: records between snapshots (tests make it small; 0: none).
             let snapshotInterval = ProcessInfo.processInfo.environment["UBIQUITYFS_SNAPSHOT_INTERVAL"].flatMap { UInt64($0) }
             let engine = SyncEngine(replica: replica, store: syncStore, container: id, device: device,

@@ -41,6 +41,9 @@ public final class Replica: Sendable {
     let log: OperationLog
     let applier: IndexApplier
     let namespace: Mutex<Namespace>
+    /// Operation log records SQLite lacked when the replica was opened (the
+    /// daemon had stopped without waiting for `IndexApplier`).
+    public let replayedRecords: Int
     let writer = Mutex<Int>(0)
     let lockFD: Int32
     let lockReleased = Mutex(false)
@@ -84,7 +87,7 @@ public final class Replica: Sendable {
             log = try OperationLog(path: directory.appendingPathComponent("index.log").path)
             for suffix in ["", "-wal", "-shm"] { Self.makePrivate(indexPath + suffix, mode: 0o600) }
             Self.makePrivate(log.path, mode: 0o600)
-            try Self.replay(log, into: index, reserve: reserve)
+            replayedRecords = try Self.replay(log, into: index, reserve: reserve)
             var ns = try index.load()
             Self.recover(&ns, cacheDirectory: cacheDirectory, rootOwner: rootOwner)
             Self.removeOrphanedCacheFiles(ns, cacheDirectory: cacheDirectory)
@@ -110,7 +113,7 @@ public final class Replica: Sendable {
     /// Apply the records of `log` that `index` lacks (the daemon stopped
     /// before `IndexApplier` copied them), then empty the log. On a full
     /// disk the space reserve gives its room, a step at a time.
-    static func replay(_ log: OperationLog, into index: Index, reserve: SpaceReserve) throws {
+    static func replay(_ log: OperationLog, into index: Index, reserve: SpaceReserve) throws -> Int {
         let records = try log.readRecords()
         let applied = try index.logApplied()
         let missing = records.filter { $0.seq > applied }
@@ -131,6 +134,7 @@ public final class Replica: Sendable {
             index.checkpointAll()
             log.truncate()
         }
+        return missing.count
     }
 
     /// The log is emptied once SQLite holds all of it and it has grown past this.
