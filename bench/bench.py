@@ -353,7 +353,6 @@ class RcloneTarget(Target):
         self.label = "rclone mount SRC MP " + shlex.join(self.args)
         self.mount_timeout = mount_timeout
         self.proc = None
-        self.logf = None
         self.version = None
 
     def setup(self):
@@ -367,9 +366,10 @@ class RcloneTarget(Target):
         cmd = ["rclone", "mount", self.src, self.mp] + self.args
         log(f"rclone: {shlex.join(cmd)}")
         logpath = os.path.join(self.base, "rclone.log")
-        self.logf = open(logpath, "w")
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=self.logf,
-                                     stderr=subprocess.STDOUT, start_new_session=True)
+        with open(logpath, "w") as logf:  # rclone keeps its own copy of the fd
+            self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=logf,
+                                         stderr=subprocess.STDOUT,
+                                         start_new_session=True)
         self.pid = self.proc.pid
         wait_until(lambda: is_mounted(self.mp) or self.proc.poll() is not None,
                    self.mount_timeout)
@@ -408,9 +408,6 @@ class RcloneTarget(Target):
             warn(f"rclone: pid {self.pid} did not exit")
         else:
             self.proc = None
-        if self.logf:
-            self.logf.close()
-            self.logf = None
 
 
 class UbiquityTarget(Target):
@@ -875,7 +872,7 @@ def build_rows(results, ours_name, cfg, raw=None):
         if key.startswith("rss_"):
             label = label.replace(" N", f" {cfg.rss_files:,}")
         elif key == "git_clone":
-            label = label.replace(" N ", f" {cfg.git_files:,} ")
+            label = label.replace("N files", f"{cfg.git_files:,} files")
         ratio = ratio_of(kind, o, b)
         tgt, verdict = "", ""
         if goal:

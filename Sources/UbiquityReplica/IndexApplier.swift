@@ -4,8 +4,8 @@ import UbiquityStore
 /// Writes the operation log's records to SQLite, in the background.
 ///
 /// `Replica` hands over each record it appended (`enqueue`, under
-/// `Replica.writer`); one thread takes everything queued and writes it in one
-/// SQLite transaction together with `meta.log_applied` (the number of the
+/// `Replica.writer`); one thread waits `gatherDelay` after the first, takes
+/// everything queued and writes it in one SQLite transaction together with `meta.log_applied` (the number of the
 /// last record in it), then checkpoints when due and lets the replica empty
 /// the log once SQLite holds it all. Many operations share a transaction:
 /// a burst of creates costs a few WAL pages instead of a few per create.
@@ -31,6 +31,9 @@ final class IndexApplier: @unchecked Sendable {
     let finished = DispatchSemaphore(value: 0)
     /// At most this many operations per SQLite transaction.
     static let batchLimit = 20_000
+    /// How long the first record of a batch waits for others (a record is
+    /// committed once it is in the log; this only delays SQLite's copy).
+    static let gatherDelay = 0.05
 
     init(index: Index, appliedSeq: UInt64, idle: @escaping @Sendable () -> Void) {
         self.index = index
@@ -44,7 +47,8 @@ final class IndexApplier: @unchecked Sendable {
     func enqueue(_ record: OperationLog.Record) {
         condition.lock()
         queue.append(record)
-        condition.signal()
+        // Only the first record wakes the thread; it then gathers the others.
+        if queue.count == 1 { condition.broadcast() }
         condition.unlock()
     }
 
@@ -81,10 +85,15 @@ final class IndexApplier: @unchecked Sendable {
 
     private func run() {
         defer { finished.signal() }
+        // Background work, like pushing: the programs using the mount come first.
+        LinuxCalls.lowerThreadPriority()
         var reported: String?
         while true {
             condition.lock()
             while queue.isEmpty && !stopping { condition.wait() }
+            // Let a burst gather: one transaction per `gatherDelay`, not per record.
+            let deadline = Date().addingTimeInterval(Self.gatherDelay)
+            while !stopping && condition.wait(until: deadline) {}
             if stopping {
                 condition.unlock()
                 return

@@ -120,7 +120,7 @@ public struct Namespace: Sendable {
     }
 
     /// Create a node (not yet linked anywhere) and return its inode number.
-    public mutating func createNode(ino reserved: UInt64? = nil, id: NodeID = UUID().uuidString.lowercased(), kind: NodeKind,
+    public mutating func createNode(ino reserved: UInt64? = nil, id: NodeID = .random(), kind: NodeKind,
                                     mode: UInt32, uid: UInt32, gid: UInt32, rdev: UInt64 = 0, target: String? = nil,
                                     time: Timespec = .now(), local: Bool = true) -> UInt64 {
         let ino = reserved ?? reserveIno()

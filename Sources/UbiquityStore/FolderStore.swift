@@ -24,6 +24,8 @@ import Glibc
 /// file, which fails with `EEXIST` if the sequence number is taken: readers
 /// never see a partial record and two devices never both win.
 public final class FolderStore: Store {
+    /// Monotonic nanoseconds of the last time the marker was found (`checkReachable`).
+    let reachableConfirmedAt = Atomic<UInt64>(0)
     public static let markerName = "ubiquityfs-store.json"
     static let formatVersion = 1
 
@@ -175,7 +177,21 @@ public final class FolderStore: Store {
     }
 
     func checkReachable() throws {
-        guard isReachable else { throw UbiquityError(EHOSTDOWN, "store \(root.path) is not reachable") }
+        guard isReachable else {
+            reachableConfirmedAt.store(0, ordering: .relaxed)
+            throw UbiquityError(EHOSTDOWN, "store \(root.path) is not reachable")
+        }
+        reachableConfirmedAt.store(DispatchTime.now().uptimeNanoseconds, ordering: .relaxed)
+    }
+
+    /// `checkReachable` for blobs, trusting a marker found within the last
+    /// second: a push of thousands of small blobs reads it once a second, not
+    /// once per blob. Blobs are content-addressed, so one written to a folder
+    /// that stopped being this store a moment ago harms nothing; journal
+    /// records and configurations always check (`checkReachable`).
+    func checkReachableForBlobs() throws {
+        if DispatchTime.now().uptimeNanoseconds &- reachableConfirmedAt.load(ordering: .relaxed) < 1_000_000_000 { return }
+        try checkReachable()
     }
 
     public func containerConfig(_ container: String) throws -> ContainerConfig? {
@@ -313,7 +329,7 @@ public final class FolderStore: Store {
     }
 
     public func blobSize(_ hash: String) throws -> UInt64? {
-        try checkReachable()
+        try checkReachableForBlobs()
         var st = stat()
         guard stat(blobURL(hash).path, &st) == 0 else {
             let code = errno
@@ -325,7 +341,7 @@ public final class FolderStore: Store {
 
     public func putBlob(_ hash: String, data: Data) throws {
         precondition(ContentCopy.isValidHash(hash))
-        try checkReachable()
+        try checkReachableForBlobs()
         let destination = blobURL(hash)
         if let size = try blobSize(hash) {
             if size == UInt64(data.count) { return }
@@ -355,7 +371,7 @@ public final class FolderStore: Store {
     }
 
     public func fetchBlob(_ hash: String) throws -> Data {
-        try checkReachable()
+        try checkReachableForBlobs()
         let path = blobURL(hash).path
         let fd = open(path, O_RDONLY | O_CLOEXEC)
         guard fd >= 0 else {
@@ -385,7 +401,7 @@ public final class FolderStore: Store {
     /// with `link(2)` when `exclusive` (fails with EEXIST), else `rename(2)`.
     /// The file gets `mode` exactly (the umask does not apply).
     static func publish(_ data: Data, at url: URL, tmpDir: URL, exclusive: Bool, sync: Bool = true, mode: mode_t) throws {
-        let tmp = tmpDir.appendingPathComponent(".tmp-\(UUID().uuidString)")
+        let tmp = tmpDir.appendingPathComponent(".tmp-\(NodeID.random())")
         let fd = try syscallRetrying("create \(tmp.path)") { open(tmp.path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, mode) }
         defer { unlink(tmp.path) }
         do {

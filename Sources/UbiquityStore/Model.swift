@@ -14,6 +14,28 @@ public typealias NodeID = String
 extension NodeID {
     /// The well-known ID of every container's root directory.
     public static let root: NodeID = "root"
+
+    /// A new random ID: a version 4 UUID, lowercase. From the system's
+    /// generator (`getrandom`), not Foundation's `UUID()`, which opens
+    /// `/dev/urandom` for every UUID — one `open` per created file.
+    public static func random() -> NodeID {
+        var generator = SystemRandomNumberGenerator()
+        var high: UInt64 = generator.next()
+        var low: UInt64 = generator.next()
+        high = (high & ~0xF000) | 0x4000                      // version 4
+        low = (low & ~(0xC0 << 56)) | (0x80 << 56)            // RFC 4122 variant
+        let digits = Array("0123456789abcdef".utf8)
+        var text = [UInt8]()
+        text.reserveCapacity(36)
+        for (index, word) in [high, low].enumerated() {
+            for nibble in 0..<16 {
+                let position = index * 16 + nibble
+                if position == 8 || position == 12 || position == 16 || position == 20 { text.append(UInt8(ascii: "-")) }
+                text.append(digits[Int((word >> UInt64(60 - 4 * nibble)) & 0xF)])
+            }
+        }
+        return String(decoding: text, as: UTF8.self)
+    }
 }
 
 public enum NodeKind: String, Codable, Sendable {
