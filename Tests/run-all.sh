@@ -37,10 +37,10 @@ export UBIQUITYFS_TEST_S3_SERVERS="$(IFS=,; echo "${servers[*]}")"
 swift build --build-tests
 swift test --skip-build
 python3 -m pytest -q -p no:cacheprovider Tests/servers Tests/posix Tests/mount "$@"
-# Sync on S3: two devices, placeholders, conflicts, offline, kill -9, scopes,
+# Sync on S3: two devices, placeholders (streaming), conflicts, offline, kill -9, scopes,
 # the drive, query and real tools, against the first server (SeaweedFS).
 UBQ_TEST_STORE=s3 python3 -m pytest -q -p no:cacheprovider \
-  Tests/mount/test_sync.py Tests/mount/test_drive.py Tests/mount/test_durability.py \
+  Tests/mount/test_sync.py Tests/mount/test_streaming.py Tests/mount/test_drive.py Tests/mount/test_durability.py \
   Tests/mount/test_views.py Tests/mount/test_query.py Tests/mount/test_tools.py "$@"
 # Two devices, conflicts, offline and the S3-only cases on every other server (Ceph RGW).
 for server in "${servers[@]:1}"; do

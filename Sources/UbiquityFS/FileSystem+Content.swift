@@ -236,7 +236,7 @@ extension FileSystem {
     public func read(handle: UInt64, offset: Int64, size: Int) throws -> ReadReply {
         let file = try openFileFor(handle)
         if let total = file.streamingSize, UInt64(offset) < total {
-            try hooks.waitForContent(ino: file.ino, version: file.streamingVersion, upTo: min(total, UInt64(offset) + UInt64(size)))
+            try hooks.waitForContent(ino: file.ino, version: file.streamingVersion, from: UInt64(offset), upTo: min(total, UInt64(offset) + UInt64(size)))
         }
         return .fileRange(fd: file.fd, offset: offset, size: size)
     }

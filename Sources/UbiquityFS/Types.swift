@@ -113,9 +113,10 @@ public protocol SyncHooks: Sendable {
     /// Start streaming the content of placeholder `ino`; returns the path of
     /// the file receiving it (to open for reading).
     func startDownload(ino: UInt64, background: Bool) -> String
-    /// Wait until bytes `0..<upTo` of version `version` (its hash) of `ino`
-    /// are downloaded and verified, or throw `EIO`.
-    func waitForContent(ino: UInt64, version: String?, upTo: UInt64) throws
+    /// Wait until bytes `from..<upTo` of version `version` (its hash) of
+    /// `ino` are downloaded and verified, or throw `EIO`; the chunks of a
+    /// short range are fetched before any other.
+    func waitForContent(ino: UInt64, version: String?, from: UInt64, upTo: UInt64) throws
     /// Download all of `ino` and wait for it, or throw `EIO`.
     func download(ino: UInt64) throws
     /// The value of a read-only `user.ubiquity.*` status attribute, or nil.

@@ -155,6 +155,7 @@ public final class FaultyStore: Store, CustomStringConvertible {
     let delay = Mutex<Double?>(nil)
     let blobLimit = Mutex<Int?>(nil)
     public var storeID: String { base.storeID }
+    public var downloadConcurrency: Int { base.downloadConcurrency }
 
     public init(_ base: any Store) { self.base = base }
 

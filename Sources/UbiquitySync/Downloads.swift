@@ -5,37 +5,103 @@ import UbiquityStore
 import Glibc
 #endif
 
-/// Downloads of placeholder content, streamed into the cache.
+/// Downloads of placeholder content, streamed into the cache by a bounded
+/// pool of workers, chunks in any order, the ones a reader waits for first.
 ///
-/// A download writes `cache/…/INO.VERSION.part` in order, chunk by chunk, each chunk
-/// verified against the manifest before its bytes count as *verified*. A
-/// reader that opened the placeholder reads that same file and waits only
-/// until the range it asked for is verified — the first 4 KiB of a large
-/// file come back after its first chunk, long before the last. When every
-/// chunk is in, the file is renamed over the cache path (readers keep their
-/// descriptor: same inode). An interrupted download resumes: chunks already
-/// in the partial file are re-verified instead of fetched again.
+/// A download writes `cache/…/INO.VERSION.part`, chunk by chunk, at each
+/// chunk's own offset. A chunk counts as *verified* — and readers may read
+/// its bytes — only once its blob was fetched, checked against its hash
+/// (the store's `fetchBlob` verifies) and written. Readers of the
+/// placeholder read that same file and wait only for the chunks their range
+/// covers; a reader that waits for a chunk nobody fetches yet puts it at the
+/// head of the queue (*urgent*), and the download's sequential read-ahead
+/// then goes on from after that chunk (wrapping round to the chunks it
+/// skipped). So `tail` of a 1 GiB placeholder waits for one chunk, not 256.
+/// When every chunk is in, the file is renamed over the cache path (readers
+/// keep their descriptor: same inode).
+///
+/// Which chunks are verified is known only in memory. An interrupted
+/// download resumes from the bytes in the partial file: every chunk the
+/// file covers is read back and checked against its hash before it counts
+/// (holes, `SEEK_DATA`, are fetched without reading), so a chunk cut short
+/// by a crash, never written, or written only in part is fetched again —
+/// never served.
+///
+/// Threads: one process-wide `DownloadPool` of at most `DownloadPool.limit`
+/// workers serves every download of every container: a worker takes one
+/// unit (a manifest, a chunk, the final install) at a time, in this order:
+/// chunks readers wait for, then foreground downloads (opened by a reader,
+/// `ubiquityfs download`) at most `Store.downloadConcurrency` chunks each,
+/// then background ones (pins, refreshes), two downloads at a time. Pinning
+/// a folder of 10,000 placeholders queues 10,000 jobs, not threads.
 ///
 /// A reader gives up with `EIO` when the download fails (a missing or
-/// damaged blob, an unreachable store: at once) or makes no progress for
-/// `stallTimeout` seconds; the error is kept for `status`.
+/// damaged blob, an unreachable store: at once) or neither its download nor
+/// the pool made progress for `stallTimeout` seconds; the error is kept for
+/// `status`.
 final class DownloadBoard: @unchecked Sendable {
     struct Job {
         var hash: String?
         var total: UInt64
+        /// Bytes verified so far (not necessarily a prefix).
         var verified: UInt64 = 0
         var done = false
         var error: UbiquityError?
         var lastProgress: Date = Date()
+
+        // Scheduling (guarded by the pool's condition, like everything here).
+        /// Distinguishes this job from an earlier, failed one of the same version.
+        var id: UInt64 = 0
+        var ino: UInt64 = 0
+        var background = false
+        var partial = ""
+        /// Size of the partial file when the job started: chunks it covers are
+        /// read back and checked before they are fetched.
+        var present: UInt64 = 0
+        var chunked = false
+        var chunkSize: UInt64 = 1
+        /// The blobs, one per chunk (nil until the manifest of chunked content is in).
+        var chunks: [String]?
+        var state: [ChunkState] = []
+        var remaining = 0
+        var inFlight = 0
+        var manifestInFlight = false
+        var installing = false
+        /// Chunks readers wait for, oldest first.
+        var urgent: [Int] = []
+        /// A reader waits for the manifest (and then for these ranges).
+        var readerWaiting = false
+        var waitingRanges: [(from: UInt64, upTo: UInt64)] = []
+        /// The sequential read-ahead goes on from here.
+        var cursor = 0
+
+        /// Put the missing chunks of a short range (a `read`) first in the
+        /// queue, and the read-ahead after them.
+        mutating func ask(from: UInt64, upTo: UInt64) {
+            guard let chunks, !chunks.isEmpty, upTo > from else { return }
+            let first = Int(from / chunkSize), last = min(chunks.count - 1, Int((upTo - 1) / chunkSize))
+            guard first <= last, last - first < 2 else { return }
+            let wanted = (first...last).filter { state[$0] == .missing && !urgent.contains($0) }
+            guard !wanted.isEmpty else { return }
+            urgent += wanted
+            cursor = last + 1
+        }
+
+        func isVerified(from: UInt64, upTo: UInt64) -> Bool {
+            if done { return true }
+            guard chunks != nil, upTo > from else { return upTo <= from }
+            let first = Int(from / chunkSize), last = Int((upTo - 1) / chunkSize)
+            guard last < state.count else { return false }
+            return (first...last).allSatisfy { state[$0] == .verified }
+        }
     }
 
-    /// Guards `jobs`; readers wait on it for progress. (A condition, not a
-    /// `Mutex`, because waiting is the point.)
-    let condition = NSCondition()
+    enum ChunkState: UInt8 { case missing, fetching, verified }
+
+    /// Guards `jobs`; readers wait on it for progress (the pool's one condition).
+    var condition: NSCondition { DownloadPool.shared.condition }
     /// One job per version of a file: a reader waits for the version it opened.
     var jobs: [JobKey: Job] = [:]
-    /// At most this many background refreshes at once (readers never wait for a slot).
-    let backgroundSlots = DispatchSemaphore(value: 2)
 
     struct JobKey: Hashable {
         var ino: UInt64
@@ -49,13 +115,147 @@ final class DownloadBoard: @unchecked Sendable {
     }
 }
 
+/// The download workers shared by every download of the process.
+final class DownloadPool: @unchecked Sendable {
+    static let shared = DownloadPool()
+    /// At most this many workers (enough for an S3 store's 8 requests in flight).
+    static let limit = 8
+    /// Background downloads worked on at once.
+    static let backgroundAtOnce = 2
+
+    enum Unit { case manifest, chunk(Int), install }
+
+    struct Entry {
+        let engine: SyncEngine
+        let key: DownloadBoard.JobKey
+        let id: UInt64
+    }
+
+    let condition = NSCondition()
+    /// Guarded by `condition`: downloads with work left, oldest first.
+    var active: [Entry] = []
+    var threads = 0
+    var idle = 0
+    var nextID: UInt64 = 1
+    /// When any worker last finished a unit (a job queued behind others is not stalled).
+    var lastProgress = Date()
+    /// Units writing to each partial file (an install waits for stragglers of a failed job).
+    var writers: [String: Int] = [:]
+
+    /// Add a download (the caller holds `condition`).
+    func enqueue(_ entry: Entry) {
+        active.append(entry)
+        wake()
+    }
+
+    /// New work: start a worker if none is idle (the caller holds `condition`).
+    func wake() {
+        if idle == 0 && threads < Self.limit {
+            threads += 1
+            let thread = Thread { [self] in work() }
+            thread.name = "ubiquityfs-download"
+            thread.start()
+        }
+        condition.broadcast()
+    }
+
+    func work() {
+        condition.lock()
+        while true {
+            if let work = next() {
+                condition.unlock()
+                let (entry, unit, job) = work
+                entry.engine.perform(unit, of: job, key: entry.key)
+                condition.lock()
+                continue
+            }
+            idle += 1
+            condition.wait()
+            idle -= 1
+        }
+    }
+
+    /// The next unit of work, marked taken (the caller holds `condition`).
+    func next() -> (Entry, Unit, DownloadBoard.Job)? {
+        active.removeAll { entry in
+            guard let job = entry.engine.downloads.jobs[entry.key] else { return true }
+            return job.id != entry.id || job.done || job.error != nil
+        }
+        // 1. What readers wait for; finished downloads to install.
+        for entry in active {
+            let board = entry.engine.downloads
+            guard var job = board.jobs[entry.key] else { continue }
+            if job.chunks != nil && job.remaining == 0 {
+                guard !job.installing && job.inFlight == 0 else { continue }
+                job.installing = true
+                board.jobs[entry.key] = job
+                return (entry, .install, job)
+            }
+            if job.chunks == nil && job.readerWaiting && !job.manifestInFlight {
+                job.manifestInFlight = true
+                board.jobs[entry.key] = job
+                return (entry, .manifest, job)
+            }
+            while let index = job.urgent.first {
+                job.urgent.removeFirst()
+                if job.state[index] == .missing {
+                    return (entry, .chunk(index), take(index, of: &job, entry))
+                }
+            }
+            board.jobs[entry.key] = job
+        }
+        // 2. Read-ahead of foreground downloads (the one with the fewest
+        // fetches under way first: several share the pool), then of the
+        // first background ones.
+        var backgroundSeen = 0
+        let foreground = active.filter { $0.engine.downloads.jobs[$0.key]?.background == false }
+            .sorted { ($0.engine.downloads.jobs[$0.key]?.inFlight ?? 0) < ($1.engine.downloads.jobs[$1.key]?.inFlight ?? 0) }
+        for background in [false, true] {
+            for entry in background ? active : foreground {
+                let board = entry.engine.downloads
+                guard var job = board.jobs[entry.key], job.background == background else { continue }
+                if background {
+                    backgroundSeen += 1
+                    if backgroundSeen > Self.backgroundAtOnce { break }
+                }
+                guard let chunks = job.chunks else {
+                    if job.manifestInFlight { continue }
+                    job.manifestInFlight = true
+                    board.jobs[entry.key] = job
+                    return (entry, .manifest, job)
+                }
+                guard job.inFlight < max(1, entry.engine.store.downloadConcurrency) else { continue }
+                let count = chunks.count
+                for step in 0..<count {
+                    let index = (job.cursor + step) % count
+                    if job.state[index] == .missing {
+                        job.cursor = index + 1
+                        return (entry, .chunk(index), take(index, of: &job, entry))
+                    }
+                }
+            }
+        }
+        return nil
+    }
+
+    private func take(_ index: Int, of job: inout DownloadBoard.Job, _ entry: Entry) -> DownloadBoard.Job {
+        job.state[index] = .fetching
+        job.inFlight += 1
+        writers[job.partial, default: 0] += 1
+        entry.engine.downloads.jobs[entry.key] = job
+        return job
+    }
+}
+
 extension SyncEngine {
     /// Seconds a reader waits for a download that makes no progress.
     public static let stallTimeout: Double = 30
 
     /// Start downloading the content of placeholder `ino` (if not already
     /// under way) and return the path of the file that receives it, for
-    /// readers to open. `background` downloads wait for a free slot.
+    /// readers to open. `background` downloads (pins, refreshes) come after
+    /// those a reader or a `download` waits for; a foreground start makes a
+    /// queued background download foreground.
     @discardableResult
     public func startDownload(ino: UInt64, background: Bool = false) -> String {
         guard let node = replica.withNamespace({ ns in ns.node(ino) }) else { return replica.cachePath(ino) }
@@ -64,51 +264,89 @@ extension SyncEngine {
         let partial = replica.cachePath(ino) + "." + String((node.hash ?? "empty").prefix(16)) + ".part"
         guard node.isPlaceholder else { return replica.cachePath(ino) }
         let key = DownloadBoard.JobKey(ino: ino, hash: node.hash)
-        let started = downloads.withJobs { jobs -> Bool in
-            let stale = Date().addingTimeInterval(-600)
-            jobs = jobs.filter { !$0.value.done || $0.value.lastProgress > stale }
-            if let job = jobs[key], job.error == nil, !job.done { return false }
-            jobs[key] = DownloadBoard.Job(hash: node.hash, total: node.hashSize)
-            return true
+        let pool = DownloadPool.shared
+        pool.condition.lock()
+        let stale = Date().addingTimeInterval(-600)
+        downloads.jobs = downloads.jobs.filter { !$0.value.done || $0.value.lastProgress > stale }
+        if var job = downloads.jobs[key], job.error == nil, !job.done {
+            if !background && job.background {
+                job.background = false
+                downloads.jobs[key] = job
+                pool.wake()
+            }
+            pool.condition.unlock()
+            return partial
         }
-        guard started else { return partial }
+        pool.condition.unlock()
         // Readers open the partial file right away: make sure it exists.
-        let fd = open(partial, O_RDWR | O_CREAT | O_CLOEXEC, 0o600)
+        var fd = open(partial, O_RDWR | O_CREAT | O_CLOEXEC, 0o600)
         if fd < 0 && errno == ENOENT {
             mkdir((partial as NSString).deletingLastPathComponent, 0o700)
-            close(open(partial, O_RDWR | O_CREAT | O_CLOEXEC, 0o600))
-        } else if fd >= 0 {
-            close(fd)
+            fd = open(partial, O_RDWR | O_CREAT | O_CLOEXEC, 0o600)
         }
-        let thread = Thread { [self] in
-            if background { downloads.backgroundSlots.wait() }
-            defer { if background { downloads.backgroundSlots.signal() } }
-            runDownload(ino: ino, hash: node.hash, size: node.hashSize, chunked: node.chunked, partial: partial)
+        var st = stat()
+        let present = fd >= 0 && fstat(fd, &st) == 0 ? UInt64(max(0, st.st_size)) : 0
+        if fd >= 0 { close(fd) }
+        var job = DownloadBoard.Job(hash: node.hash, total: node.hashSize)
+        job.ino = ino
+        job.background = background
+        job.partial = partial
+        job.present = present
+        job.chunked = node.chunked && node.hash != nil
+        if !job.chunked {
+            // One blob (or none: empty content), a single "chunk".
+            job.chunks = node.hash.map { [$0] } ?? []
+            job.chunkSize = max(1, node.hashSize)
+            job.state = Array(repeating: .missing, count: job.chunks!.count)
+            job.remaining = job.chunks!.count
         }
-        thread.name = "ubiquityfs-download"
-        thread.start()
+        pool.condition.lock()
+        defer { pool.condition.unlock() }
+        if let other = downloads.jobs[key], other.error == nil, !other.done {
+            return partial   // started by another open meanwhile
+        }
+        job.id = pool.nextID
+        pool.nextID += 1
+        downloads.jobs[key] = job
+        pool.enqueue(DownloadPool.Entry(engine: self, key: key, id: job.id))
         return partial
     }
 
-    /// Wait until bytes `0..<upTo` of version `version` of `ino` are verified
-    /// (or that download finished).
-    public func waitForContent(ino: UInt64, version: String?, upTo: UInt64) throws {
-        let board = downloads
-        board.condition.lock()
-        defer { board.condition.unlock() }
+    /// Wait until bytes `from..<upTo` of version `version` of `ino` are
+    /// verified (or that download finished). A short range (a `read`) that
+    /// needs chunks nobody fetches yet puts them first in the queue.
+    public func waitForContent(ino: UInt64, version: String?, from: UInt64 = 0, upTo: UInt64) throws {
+        let pool = DownloadPool.shared
+        let key = DownloadBoard.JobKey(ino: ino, hash: version)
+        pool.condition.lock()
+        defer { pool.condition.unlock() }
+        var asked = false
         while true {
-            guard let job = board.jobs[DownloadBoard.JobKey(ino: ino, hash: version)] else {
+            guard var job = downloads.jobs[key] else {
                 // No download: either it finished (content local) or never started.
                 let local = replica.withNamespace { ns in ns.node(ino).map { !$0.isPlaceholder } ?? false }
                 if local { return }
                 throw UbiquityError(EIO, "the content of inode \(ino) is not downloaded")
             }
             if let error = job.error { throw error }
-            if job.done || job.verified >= upTo { return }
-            if Date().timeIntervalSince(job.lastProgress) > Self.stallTimeout {
+            if job.isVerified(from: from, upTo: upTo) { return }
+            if !asked {
+                asked = true
+                if job.chunks != nil {
+                    job.ask(from: from, upTo: upTo)
+                } else {
+                    // The manifest first; its arrival asks for this range.
+                    job.readerWaiting = true
+                    job.waitingRanges.append((from, upTo))
+                }
+                downloads.jobs[key] = job
+                pool.wake()
+            }
+            let last = max(job.lastProgress, pool.lastProgress)
+            if Date().timeIntervalSince(last) > Self.stallTimeout {
                 throw UbiquityError(EIO, "download of inode \(ino) made no progress for \(Int(Self.stallTimeout)) s")
             }
-            _ = board.condition.wait(until: Date().addingTimeInterval(1))
+            _ = pool.condition.wait(until: Date().addingTimeInterval(1))
         }
     }
 
@@ -139,112 +377,159 @@ extension SyncEngine {
         }
     }
 
-    func progress(_ ino: UInt64, hash: String?, verified: UInt64) {
-        downloads.condition.lock()
-        _ = jobsUpdate(ino, hash: hash) { $0.verified = verified; $0.lastProgress = Date() }
-        downloads.condition.broadcast()
-        downloads.condition.unlock()
-    }
-
-    /// Update the download of version `hash` of `ino`, if it is still recorded.
-    private func jobsUpdate(_ ino: UInt64, hash: String?, _ body: (inout DownloadBoard.Job) -> Void) -> Bool {
-        let key = DownloadBoard.JobKey(ino: ino, hash: hash)
-        guard downloads.jobs[key] != nil else { return false }
+    /// Update job `id` of `key`, if it is still the one recorded (the caller holds the condition).
+    private func jobsUpdate(_ key: DownloadBoard.JobKey, id: UInt64, _ body: (inout DownloadBoard.Job) -> Void) -> Bool {
+        guard let job = downloads.jobs[key], job.id == id else { return false }
         body(&downloads.jobs[key]!)
         return true
     }
 
-    func finish(_ ino: UInt64, hash: String?, error: UbiquityError?, cause: (any Error)? = nil) {
+    func finish(_ key: DownloadBoard.JobKey, id: UInt64, error: UbiquityError?, cause: (any Error)? = nil) {
         if let cause { record(error: cause) }   // before waking readers: status shows what they got
-        downloads.condition.lock()
+        let pool = DownloadPool.shared
+        pool.condition.lock()
         if let error {
-            _ = jobsUpdate(ino, hash: hash) { $0.error = error }
+            _ = jobsUpdate(key, id: id) { $0.error = error }
         } else {
             // Kept (done) for a while: a reader of this version may still be
             // waiting for it even if a newer version replaced it meanwhile.
-            _ = jobsUpdate(ino, hash: hash) { $0.done = true; $0.lastProgress = Date() }
+            _ = jobsUpdate(key, id: id) { $0.done = true; $0.lastProgress = Date() }
         }
-        downloads.condition.broadcast()
-        downloads.condition.unlock()
+        pool.condition.broadcast()
+        pool.condition.unlock()
         if error == nil { enforceCacheLimit() }
     }
 
-    func runDownload(ino: UInt64, hash: String?, size: UInt64, chunked: Bool, partial: String) {
+    /// Run one unit of download `job` (on a pool worker).
+    func perform(_ unit: DownloadPool.Unit, of job: DownloadBoard.Job, key: DownloadBoard.JobKey) {
+        let pool = DownloadPool.shared
         do {
-            let fd = try syscallRetrying("open \(partial)") { open(partial, O_RDWR | O_CREAT | O_CLOEXEC, 0o600) }
-            defer { close(fd) }
-            func write(_ data: Data, at offset: UInt64) throws {
-                try data.withUnsafeBytes { raw in
-                    var done = 0
-                    while done < raw.count {
-                        done += try syscallRetrying("write \(partial)") {
-                            pwrite(fd, raw.baseAddress! + done, raw.count - done, off_t(offset) + off_t(done))
-                        }
+            switch unit {
+            case .manifest:
+                let manifest: ChunkManifest
+                do {
+                    manifest = try ChunkManifest.decode(try store.fetchBlob(job.hash ?? ""))
+                    guard manifest.size == job.total else { throw UbiquityError(EIO, "chunk manifest \(job.hash ?? "") has the wrong size") }
+                } catch {
+                    pool.condition.lock()
+                    _ = jobsUpdate(key, id: job.id) { $0.manifestInFlight = false }
+                    pool.condition.unlock()
+                    throw error
+                }
+                pool.condition.lock()
+                _ = jobsUpdate(key, id: job.id) {
+                    $0.chunks = manifest.chunks
+                    $0.chunkSize = manifest.chunkSize
+                    $0.state = Array(repeating: .missing, count: manifest.chunks.count)
+                    $0.remaining = manifest.chunks.count
+                    $0.manifestInFlight = false
+                    $0.lastProgress = Date()
+                    for range in $0.waitingRanges { $0.ask(from: range.from, upTo: range.upTo) }
+                    $0.waitingRanges = []
+                }
+                pool.wake()
+                pool.condition.unlock()
+            case .chunk(let index):
+                let offset = UInt64(index) * job.chunkSize
+                let count = Int(min(job.chunkSize, job.total - offset))
+                let result = Result { try fetchChunk(job, index: index, offset: offset, count: count) }
+                pool.condition.lock()
+                pool.writers[job.partial, default: 1] -= 1
+                if pool.writers[job.partial] == 0 { pool.writers[job.partial] = nil }
+                _ = jobsUpdate(key, id: job.id) { j in
+                    j.inFlight -= 1
+                    if case .success = result {
+                        j.state[index] = .verified
+                        j.verified += UInt64(count)
+                        j.remaining -= 1
+                        j.lastProgress = Date()
+                    } else {
+                        j.state[index] = .missing
                     }
                 }
-            }
-            if let hash {
-                if chunked {
-                    let manifest = try ChunkManifest.decode(try store.fetchBlob(hash))
-                    guard manifest.size == size else { throw UbiquityError(EIO, "chunk manifest \(hash) has the wrong size") }
-                    var st = stat()
-                    fstat(fd, &st)
-                    let present = UInt64(max(0, st.st_size))
-                    // Chunks are fetched (and verified) up to `ChunkFetcher.depth` (the store's download concurrency) ahead on
-                    // their own threads, and written here in order, so `verified` only grows.
-                    let fetcher = ChunkFetcher(store: store, hashes: manifest.chunks)
-                    defer { fetcher.cancel() }
-                    for (index, chunkHash) in manifest.chunks.enumerated() {
-                        let offset = UInt64(index) * manifest.chunkSize
-                        let count = min(manifest.chunkSize, size - offset)
-                        if present >= offset + count, let existing = Self.read(fd, offset: offset, count: Int(count)),
-                           ContentCopy.hash(of: existing) == chunkHash {
-                            fetcher.skip(index)
-                            progress(ino, hash: hash, verified: offset + count)   // resumed: already here and intact
-                            continue
-                        }
-                        let data = try fetcher.take(index)
-                        guard UInt64(data.count) == count else { throw UbiquityError(EIO, "chunk \(chunkHash) has the wrong size") }
-                        try write(data, at: offset)
-                        progress(ino, hash: hash, verified: offset + count)
-                    }
-                } else {
-                    let data = try store.fetchBlob(hash)
-                    guard UInt64(data.count) == size else { throw UbiquityError(EIO, "blob \(hash) has the wrong size") }
-                    try write(data, at: 0)
-                }
-            }
-            try syscallRetrying("truncate \(partial)") { ftruncate(fd, off_t(size)) }
-            let installed = try replica.withNamespace { ns -> Bool in
-                // A newer version may have arrived meanwhile: then this content is not it.
-                guard let n = ns.node(ino), n.hash == hash, !n.hasContent else { return false }
-                // The rename happens under the lock (one metadata syscall), so an
-                // eviction or another download never interleaves with it.
-                try replica.installCacheFile(from: partial, ino)
-                // Every blob was checked against its hash: the copy is verified.
-                ns.update(ino, local: false) { $0.hasContent = true; $0.size = $0.hashSize; $0.verifiedHash = hash }
-                // Just downloaded counts as just used: the cache limit evicts others first.
-                ns.updateRuntime(ino) { $0.lastAccess = Self.monotonicNow(); $0.contentEpoch &+= 1 }
-                return true
-            }
-            if !installed { unlink(partial) }
-            // The content is in place either way; if the index has no room to
-            // record it, that stays queued (a restart downloads it again).
-            do { try replica.persist(.grows) } catch { record(error: error) }
-            // Readers waiting for this content go first: the kernel may hold a
-            // page lock for one of them, and the notification below can wait
-            // on that lock.
-            finish(ino, hash: hash, error: nil)
-            if installed {
-                // st_blocks changed: the kernel must not keep the placeholder's attributes.
-                var changes = ReplicaChanges()
-                changes.nodes[ino] = false
-                changes.count = 1
-                observer.withLock { $0 }?.replicaChanged(changes)
+                if case .success = result { pool.lastProgress = Date() }
+                pool.wake()
+                pool.condition.unlock()
+                _ = try result.get()
+            case .install:
+                try install(job, key: key)
             }
         } catch {
-            let failure = UbiquityError(EIO, "download of inode \(ino) failed: \(UbiquityError.wrap(error))")
-            finish(ino, hash: hash, error: failure, cause: failure.withErrno(UbiquityError.wrap(error).errno))
+            let failure = UbiquityError(EIO, "download of inode \(job.ino) failed: \(UbiquityError.wrap(error))")
+            finish(key, id: job.id, error: failure, cause: failure.withErrno(UbiquityError.wrap(error).errno))
+        }
+    }
+
+    /// Make chunk `index` of `job` verified in the partial file: already
+    /// there and intact (a resumed download), or fetched (and so verified by
+    /// the store) and written.
+    func fetchChunk(_ job: DownloadBoard.Job, index: Int, offset: UInt64, count: Int) throws {
+        let hash = job.chunks![index]
+        let partial = job.partial
+        let fd = try syscallRetrying("open \(partial)") { open(partial, O_RDWR | O_CREAT | O_CLOEXEC, 0o600) }
+        defer { close(fd) }
+        if offset + UInt64(count) <= job.present, count > 0 {
+            // Resumed: a hole (never written) is fetched without reading it.
+            let data = lseek(fd, off_t(offset), 3)   // SEEK_DATA
+            if data >= 0 && UInt64(data) < offset + UInt64(count),
+               let existing = Self.read(fd, offset: offset, count: count), ContentCopy.hash(of: existing) == hash {
+                return
+            }
+        }
+        let data = try store.fetchBlob(hash)
+        guard data.count == count else { throw UbiquityError(EIO, "blob \(hash) has the wrong size") }
+        try data.withUnsafeBytes { raw in
+            var done = 0
+            while done < raw.count {
+                done += try syscallRetrying("write \(partial)") {
+                    pwrite(fd, raw.baseAddress! + done, raw.count - done, off_t(offset) + off_t(done))
+                }
+            }
+        }
+    }
+
+    /// Every chunk is verified: put the file in place of the placeholder.
+    func install(_ job: DownloadBoard.Job, key: DownloadBoard.JobKey) throws {
+        let ino = job.ino, hash = job.hash, partial = job.partial
+        // Units of an earlier, failed download of this version may still be
+        // writing (the same verified bytes): not into the installed file.
+        for _ in 0..<6000 {
+            let pool = DownloadPool.shared
+            pool.condition.lock()
+            let quiet = pool.writers[partial] == nil
+            pool.condition.unlock()
+            if quiet { break }
+            Thread.sleep(forTimeInterval: 0.01)
+        }
+        let fd = try syscallRetrying("open \(partial)") { open(partial, O_RDWR | O_CREAT | O_CLOEXEC, 0o600) }
+        defer { close(fd) }
+        try syscallRetrying("truncate \(partial)") { ftruncate(fd, off_t(job.total)) }
+        let installed = try replica.withNamespace { ns -> Bool in
+            // A newer version may have arrived meanwhile: then this content is not it.
+            guard let n = ns.node(ino), n.hash == hash, !n.hasContent else { return false }
+            // The rename happens under the lock (one metadata syscall), so an
+            // eviction or another download never interleaves with it.
+            try replica.installCacheFile(from: partial, ino)
+            // Every blob was checked against its hash: the copy is verified.
+            ns.update(ino, local: false) { $0.hasContent = true; $0.size = $0.hashSize; $0.verifiedHash = hash }
+            // Just downloaded counts as just used: the cache limit evicts others first.
+            ns.updateRuntime(ino) { $0.lastAccess = Self.monotonicNow(); $0.contentEpoch &+= 1 }
+            return true
+        }
+        if !installed { unlink(partial) }
+        // The content is in place either way; if the index has no room to
+        // record it, that stays queued (a restart downloads it again).
+        do { try replica.persist(.grows) } catch { record(error: error) }
+        // Readers waiting for this content go first: the kernel may hold a
+        // page lock for one of them, and the notification below can wait
+        // on that lock.
+        finish(key, id: job.id, error: nil)
+        if installed {
+            // st_blocks changed: the kernel must not keep the placeholder's attributes.
+            var changes = ReplicaChanges()
+            changes.nodes[ino] = false
+            changes.count = 1
+            observer.withLock { $0 }?.replicaChanged(changes)
         }
     }
 
@@ -252,82 +537,5 @@ extension SyncEngine {
         var data = Data(count: count)
         let n = data.withUnsafeMutableBytes { pread(fd, $0.baseAddress, count, off_t(offset)) }
         return n == count ? data : nil
-    }
-}
-
-/// Fetches the chunks of one download a few ahead of the writer, on
-/// `Store.downloadConcurrency` threads, as many chunks ahead (fetching a
-/// chunk is a read or a request plus a SHA-256 check: work the writer does
-/// not wait for). Chunks the writer found already downloaded are skipped.
-final class ChunkFetcher: @unchecked Sendable {
-    let depth: Int
-
-    let store: any Store
-    let hashes: [String]
-    let condition = NSCondition()
-    /// Guarded by `condition`.
-    var results: [Int: Result<Data, any Error>] = [:]
-    var skipped: Set<Int> = []
-    var next = 0
-    var taken = 0
-    var cancelled = false
-
-    init(store: any Store, hashes: [String]) {
-        self.store = store
-        self.hashes = hashes
-        depth = max(1, store.downloadConcurrency)
-        for _ in 0..<min(depth, hashes.count) {
-            let thread = Thread { [self] in work() }
-            thread.name = "ubiquityfs-fetch"
-            thread.start()
-        }
-    }
-
-    func work() {
-        while true {
-            condition.lock()
-            while !cancelled && next < hashes.count && (next >= taken + depth || skipped.contains(next)) {
-                if skipped.contains(next) { next += 1; continue }
-                condition.wait()
-            }
-            guard !cancelled, next < hashes.count else { condition.unlock(); return }
-            let index = next
-            next += 1
-            condition.unlock()
-            let result = Result { try store.fetchBlob(hashes[index]) }
-            condition.lock()
-            results[index] = result
-            condition.broadcast()
-            condition.unlock()
-        }
-    }
-
-    /// Chunk `index`, fetched and verified (waits for it).
-    func take(_ index: Int) throws -> Data {
-        condition.lock()
-        defer { condition.unlock() }
-        while results[index] == nil { condition.wait() }
-        let result = results.removeValue(forKey: index)!
-        taken = index + 1
-        condition.broadcast()
-        return try result.get()
-    }
-
-    /// The writer has chunk `index` already: do not fetch it.
-    func skip(_ index: Int) {
-        condition.lock()
-        skipped.insert(index)
-        results[index] = nil
-        taken = index + 1
-        condition.broadcast()
-        condition.unlock()
-    }
-
-    func cancel() {
-        condition.lock()
-        cancelled = true
-        results = [:]
-        condition.broadcast()
-        condition.unlock()
     }
 }

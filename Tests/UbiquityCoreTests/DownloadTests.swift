@@ -1,0 +1,99 @@
+import Foundation
+import Testing
+import UbiquityFS
+import UbiquityReplica
+import UbiquityStore
+import UbiquitySync
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Placeholders that stream: a read at any offset waits for its own chunk
+/// (fetched first), and a download resumes from an out-of-order partial file
+/// by re-verifying every chunk in it.
+@Suite struct DownloadTests {
+    static let chunk = ContentLayout.chunkSize
+    /// 10 chunks, each different, the last one short.
+    static let data = Data((0..<(9 * chunk + 12345)).map { UInt8(truncatingIfNeeded: $0 &* 131 &+ $0 >> 11 &+ ($0 >> 22) &* 77) })
+
+    /// A writes `Self.data` as "big"; B (on `storeForB`) pulls it as a placeholder.
+    func placeholderOnB(_ store: InMemoryStore, _ storeForB: any Store) throws -> (TestDevice, TestDevice, UInt64) {
+        let a = try TestDevice(store: store, name: "a")
+        let handle = try a.fs.create(parent: Namespace.rootIno, name: "big", mode: 0o644, flags: O_WRONLY, caller: .root).1.handle
+        let written = try Self.data.withUnsafeBytes { raw in
+            try a.fs.write(handle: handle, offset: 0, bytes: raw.baseAddress!, count: raw.count)
+        }
+        #expect(written == Self.data.count)
+        try a.fs.flush(handle: handle)
+        try a.fs.release(handle: handle)
+        try a.engine.drain(progress: { _, _ in })
+        let b = try TestDevice(store: storeForB, name: "b")
+        try b.engine.pull()
+        let ino = try b.resolve("big")
+        #expect(b.replica.withNamespace { $0.node(ino)!.isPlaceholder })
+        return (a, b, ino)
+    }
+
+    func read(_ device: TestDevice, _ handle: UInt64, at offset: Int, count: Int) throws -> Data {
+        guard case .fileRange(let fd, let at, let size) = try device.fs.read(handle: handle, offset: Int64(offset), size: count) else {
+            return Data()
+        }
+        var buffer = [UInt8](repeating: 0, count: size)
+        let n = pread(fd, &buffer, size, off_t(at))
+        return Data(buffer[0..<max(0, n)])
+    }
+
+    @Test func aReadAtTheEndIsServedBeforeTheRest() throws {
+        let store = InMemoryStore()
+        let slow = FaultyStore(store)
+        let (a, b, ino) = try placeholderOnB(store, slow)
+        defer { a.cleanUp(); b.cleanUp() }
+        slow.slowFetches(by: 0.3)
+        let handle = try b.fs.open(ino: ino, flags: O_RDONLY).handle
+        defer { try? b.fs.release(handle: handle) }
+        let start = Date()
+        let tail = try read(b, handle, at: Self.data.count - 4096, count: 4096)
+        let tailTime = Date().timeIntervalSince(start)
+        #expect(tail == Self.data.suffix(4096))
+        let middle = try read(b, handle, at: 6 * Self.chunk + 99, count: 70_000)
+        let middleTime = Date().timeIntervalSince(start) - tailTime
+        #expect(middle == Self.data.subdata(in: (6 * Self.chunk + 99)..<(6 * Self.chunk + 70_099)))
+        // The manifest and the last chunk (0.6 s), then one chunk; in order the
+        // whole file needs (10 + 1) × 0.3 s / 2 fetches at a time = 1.65 s before the tail.
+        #expect(tailTime < 1.2, "the last 4 KiB after \(tailTime) s")
+        #expect(middleTime < 0.9, "the middle after \(middleTime) s more")
+        #expect(b.replica.withNamespace { $0.node(ino)!.isPlaceholder }, "downloaded whole already: nothing measured")
+        try b.engine.download(ino: ino)
+        #expect(try read(b, handle, at: 0, count: Self.data.count) == Self.data)
+    }
+
+    @Test func aResumedDownloadReverifiesEveryChunkOfAnOutOfOrderPartialFile() throws {
+        let store = InMemoryStore()
+        let (a, b, ino) = try placeholderOnB(store, store)
+        defer { a.cleanUp(); b.cleanUp() }
+        let node = b.replica.withNamespace { $0.node(ino)! }
+        let partial = b.replica.cachePath(ino) + "." + String(node.hash!.prefix(16)) + ".part"
+        let hashes = stride(from: 0, to: Self.data.count, by: Self.chunk).map {
+            ContentCopy.hash(of: Self.data.subdata(in: $0..<min(Self.data.count, $0 + Self.chunk)))
+        }
+        // As a crash leaves it: chunks 9 (the last) and 4 in, chunk 6 torn, holes elsewhere.
+        mkdir((partial as NSString).deletingLastPathComponent, 0o700)
+        let fd = open(partial, O_RDWR | O_CREAT | O_TRUNC, 0o600)
+        #expect(fd >= 0)
+        func put(_ data: Data, at offset: Int) {
+            _ = data.withUnsafeBytes { pwrite(fd, $0.baseAddress!, $0.count, off_t(offset)) }
+        }
+        put(Self.data.subdata(in: 9 * Self.chunk..<Self.data.count), at: 9 * Self.chunk)
+        put(Self.data.subdata(in: 4 * Self.chunk..<5 * Self.chunk), at: 4 * Self.chunk)
+        put(Self.data.subdata(in: 6 * Self.chunk..<(6 * Self.chunk + 1000)), at: 6 * Self.chunk)
+        close(fd)
+        // The store lost chunk 4: only the partial file has it (so it must be used from
+        // there); chunk 6's blob is there (the torn copy must not count).
+        store.loseBlob(hashes[4])
+        try b.engine.download(ino: ino)
+        #expect(!b.replica.withNamespace { $0.node(ino)!.isPlaceholder })
+        let handle = try b.fs.open(ino: ino, flags: O_RDONLY).handle
+        defer { try? b.fs.release(handle: handle) }
+        #expect(try read(b, handle, at: 0, count: Self.data.count) == Self.data)
+    }
+}

@@ -1,0 +1,212 @@
+"""Placeholders that stream: reads at any offset are served as soon as their
+chunk is verified (the chunks a reader waits for are fetched first), a bounded
+pool of download workers however many placeholders are pinned, and an
+interrupted out-of-order download that resumes after `kill -9`.
+
+Device B's blob fetches are slowed with UBIQUITYFS_FAULTS=fetch-delay=S (the
+daemon's test-only fault injection), so the order in which chunks arrive is
+observable: a whole download cannot be quicker than (chunks + 1) × S / (fetches
+at a time).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import STORE_KIND, folder_store_only
+from test_sync import MiB, SYNC_TIMEOUT, eventually, fresh_blocks, new_device, read, status_json, wait_pushed, write
+
+pytestmark = pytest.mark.daemon
+
+CHUNK = 4 * MiB
+# Fetches at a time per download (Store.downloadConcurrency): 2 on a folder store, 8 on S3.
+FETCHES = 8 if STORE_KIND == "s3" else 2
+# Large and slow enough that a whole download takes several times as long as two fetches.
+DELAY = 2.0 if STORE_KIND == "s3" else 0.5
+SIZE = (200 if STORE_KIND == "s3" else 96) * MiB + 12345
+
+
+def threads_of(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("Threads:"):
+                return int(line.split()[1])
+    raise AssertionError(f"no Threads: line for pid {pid}")
+
+
+def listed_on(dev, rel: str, size: int):
+    def check():
+        assert os.stat(dev.mountpoint / rel).st_size == size
+
+    eventually(check, SYNC_TIMEOUT, what=f"{dev.name} lists {rel}")
+
+
+def test_reads_at_the_end_and_middle_jump_the_queue(make_device):
+    """`tail`, a seek to the middle: served after their own chunk, long before
+    the whole (slowed) download could be in."""
+    delay, size = DELAY, SIZE   # the last chunk short
+    a = new_device(make_device, "a")
+    b = new_device(make_device, "b", env={"UBIQUITYFS_FAULTS": f"fetch-delay={delay}"})
+    chunks = (size + CHUNK - 1) // CHUNK
+    one, two = os.urandom(size), os.urandom(size)
+    write(a.mountpoint / "one.bin", one)
+    write(a.mountpoint / "two.bin", two)
+    wait_pushed(a, 120)
+    listed_on(b, "one.bin", size)
+    listed_on(b, "two.bin", size)
+    # In order, everything (and the manifest) takes at least this long.
+    whole = (chunks + 1) * delay / FETCHES
+
+    # Python: open, seek to the last 4 KiB, read; then a read in the middle.
+    t0 = time.monotonic()
+    fd = os.open(b.mountpoint / "one.bin", os.O_RDONLY)
+    try:
+        tail = os.pread(fd, 4096, size - 4096)
+        t_tail = time.monotonic() - t0
+        assert fresh_blocks(b.mountpoint / "one.bin") == 0, "one.bin was all downloaded already: nothing measured"
+        middle_at = 61 * MiB + 777
+        t1 = time.monotonic()
+        middle = os.pread(fd, 100_000, middle_at)
+        t_middle = time.monotonic() - t1
+        assert fresh_blocks(b.mountpoint / "one.bin") == 0, "one.bin was all downloaded already: nothing measured"
+        print(f"one.bin: last 4 KiB after {t_tail:.2f}s, middle after {t_middle:.2f}s more; whole >= {whole:.1f}s")
+        assert tail == one[-4096:], "the last 4 KiB on B differ from A's"
+        assert middle == one[middle_at:middle_at + 100_000], "the middle on B differs from A's"
+        # Manifest, then the last chunk (perhaps after waiting for a busy worker).
+        assert t_tail < 3 * delay + 1, f"the last 4 KiB took {t_tail:.2f}s (whole download >= {whole:.1f}s)"
+        assert t_middle < 2 * delay + 1, f"a read in the middle took {t_middle:.2f}s (whole download >= {whole:.1f}s)"
+        # All of it, through the same descriptor, is right.
+        t2 = time.monotonic()
+        got = bytearray()
+        while part := os.pread(fd, MiB, len(got)):
+            got += part
+        t_all = time.monotonic() - t0
+        assert bytes(got) == one, f"one.bin on B differs from A's ({len(got)} bytes read)"
+        assert t_all > whole * 0.8, f"the whole file took only {t_all:.2f}s with a {delay}s fetch delay: no delay measured"
+        print(f"one.bin: the rest after {time.monotonic() - t2:.2f}s")
+    finally:
+        os.close(fd)
+
+    # `tail -c`, as a user would.
+    t0 = time.monotonic()
+    res = subprocess.run(["tail", "-c", "4096", str(b.mountpoint / "two.bin")], capture_output=True, timeout=120)
+    t_tail = time.monotonic() - t0
+    assert res.returncode == 0, res.stderr
+    assert res.stdout == two[-4096:], "`tail -c 4096` on B differs from A's last 4 KiB"
+    print(f"two.bin: tail -c 4096 after {t_tail:.2f}s")
+    assert t_tail < 3 * delay + 1, f"`tail -c 4096` took {t_tail:.2f}s (whole download >= {whole:.1f}s)"
+    eventually(lambda: read(b.mountpoint / "two.bin") == two or (_ for _ in ()).throw(AssertionError("differs")),
+               120, what="two.bin complete and right on B")
+
+
+def test_pinning_many_placeholders_keeps_threads_bounded(make_device):
+    """Pinning a folder of 200 placeholders (and a few chunked files) queues
+    downloads on a fixed pool; the daemon's thread count stays bounded and
+    every file arrives right."""
+    a = new_device(make_device, "a")
+    b = new_device(make_device, "b", env={"UBIQUITYFS_FAULTS": "fetch-delay=0.02"})
+    (a.mountpoint / "many").mkdir()
+    files = {}
+    for i in range(200):
+        files[f"many/f{i:03d}.bin"] = os.urandom(1000 + i * 97)
+    for i in range(3):
+        files[f"many/big{i}.bin"] = os.urandom(9 * MiB + i)
+    for rel, data in files.items():
+        write(a.mountpoint / rel, data)
+    wait_pushed(a, 180)
+    eventually(lambda: len(os.listdir(b.mountpoint / "many")) == len(files)
+               or (_ for _ in ()).throw(AssertionError(len(os.listdir(b.mountpoint / "many")))),
+               SYNC_TIMEOUT * 3, what="B lists every file")
+    before = threads_of(b.pid)
+    peak = before
+    stop = threading.Event()
+
+    def sample():
+        nonlocal peak
+        while not stop.is_set():
+            peak = max(peak, threads_of(b.pid))
+            time.sleep(0.005)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    try:
+        res = b.cli("pin", str(b.mountpoint / "many"), timeout=60)
+        assert res.returncode == 0, f"pin failed:\n{res}"
+
+        def all_downloaded():
+            missing = [rel for rel in files if fresh_blocks(b.mountpoint / rel) == 0]
+            assert not missing, f"{len(missing)} not downloaded yet, e.g. {missing[:3]}"
+
+        eventually(all_downloaded, 180, 0.2, "every pinned file downloaded on B")
+    finally:
+        stop.set()
+        sampler.join()
+    print(f"threads: {before} before pinning, at most {peak} while 203 files downloaded")
+    # The pool has at most 8 workers (and the CLI's request a thread or two).
+    assert peak <= before + 12, f"the daemon went from {before} to {peak} threads while downloading 203 pinned files"
+    for rel, data in files.items():
+        assert read(b.mountpoint / rel) == data, f"{rel} on B differs from A's"
+
+
+@folder_store_only("loses a blob and damages the partial download on disk")
+def test_out_of_order_download_resumes_after_kill9(make_device):
+    """A download interrupted with chunks in the middle and at the end in (and
+    holes between) resumes after `kill -9`: chunks in the partial file are
+    re-verified (one whose blob the store has lost since is used from there;
+    one damaged on disk is fetched again), holes are fetched, and B reads A's
+    bytes."""
+    delay = 0.5
+    a = new_device(make_device, "a")
+    b = new_device(make_device, "b", env={"UBIQUITYFS_FAULTS": f"fetch-delay={delay}"})
+    size = 96 * MiB
+    data = os.urandom(size)
+    write(a.mountpoint / "big.bin", data)
+    wait_pushed(a, 120)
+    listed_on(b, "big.bin", size)
+    hashes = [hashlib.sha256(data[i:i + CHUNK]).hexdigest() for i in range(0, size, CHUNK)]
+    last, middle = len(hashes) - 1, 14
+
+    fd = os.open(b.mountpoint / "big.bin", os.O_RDONLY)
+    try:
+        assert os.pread(fd, 4096, size - 4096) == data[-4096:]
+        assert os.pread(fd, 4096, middle * CHUNK + 5) == data[middle * CHUNK + 5:middle * CHUNK + 4101]
+    finally:
+        os.close(fd)
+    assert fresh_blocks(b.mountpoint / "big.bin") == 0, "big.bin was all downloaded already: nothing interrupted"
+    b.kill9()
+
+    parts = list(Path(b.data_home).rglob("*.part"))
+    assert len(parts) == 1, f"partial downloads in B's data home: {parts}"
+    part = parts[0]
+    # Out of order: the last and the middle chunk are in, with a hole before the middle one.
+    with open(part, "r+b") as f:
+        assert os.fstat(f.fileno()).st_size == size, f"partial file of {os.fstat(f.fileno()).st_size} bytes"
+        f.seek(last * CHUNK)
+        assert f.read(4096) == data[last * CHUNK:last * CHUNK + 4096], "the last chunk is not in the partial file"
+        f.seek(middle * CHUNK)
+        assert f.read(4096) == data[middle * CHUNK:middle * CHUNK + 4096], "the middle chunk is not in the partial file"
+        hole = os.lseek(f.fileno(), (middle - 1) * CHUNK, os.SEEK_DATA)
+        assert hole >= middle * CHUNK, "no hole before the middle chunk: the download was not out of order"
+        # Damage the last chunk on disk: it must be fetched again, not trusted.
+        f.seek(last * CHUNK + 1000)
+        f.write(b"\0damaged\0" * 100)
+    # The store loses the middle chunk: only the partial file still has it.
+    blob = Path(a.store) / "blobs" / hashes[middle][:2] / hashes[middle]
+    assert blob.exists(), f"no blob {blob}"
+    blob.unlink()
+
+    b.mount_env = {}
+    b.mount()
+    got = read(b.mountpoint / "big.bin")
+    assert len(got) == size, f"read {len(got)} bytes of big.bin on B after the restart"
+    bad = [i for i in range(len(hashes)) if hashlib.sha256(got[i * CHUNK:(i + 1) * CHUNK]).hexdigest() != hashes[i]]
+    assert not bad, f"chunks {bad} of big.bin on B differ from A's after resuming"
+    eventually(lambda: fresh_blocks(b.mountpoint / "big.bin") > 0 or (_ for _ in ()).throw(AssertionError("placeholder")),
+               30, what="big.bin installed on B")
