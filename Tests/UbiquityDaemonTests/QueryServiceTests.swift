@@ -2,6 +2,7 @@ import Foundation
 import Testing
 import UbiquityControl
 @testable import UbiquityDaemon
+import UbiquityProtocol
 import UbiquityReplica
 import UbiquityStore
 import UbiquitySync
@@ -111,12 +112,18 @@ import UbiquitySync
 
     /// Mounts: every scope below a mountpoint, a Documents mount (whose root
     /// is the Documents folder), the data scope, and no rewrite at all.
-    static let mounts: [(scopes: [Scope], rewrite: @Sendable (String) -> String)] = [
-        ([.all], { "/mnt/c" + $0 }),
-        ([.documents], { "/mnt/c" + $0.dropFirst("/Documents".count) }),
-        ([.data], { "/mnt/c" + $0 }),
-        ([.documents, .data], { $0 }),
-    ]
+    struct Mount: Sendable {
+        var scopes: [Scope]
+        var rewrite: @Sendable (String) -> String
+    }
+
+    static let mounts: [Mount] = {
+        let below: @Sendable (String) -> String = { path in "/mnt/c" + path }
+        let documents: @Sendable (String) -> String = { path in "/mnt/c" + path.dropFirst("/Documents".count) }
+        let same: @Sendable (String) -> String = { path in path }
+        return [Mount(scopes: [.all], rewrite: below), Mount(scopes: [.documents], rewrite: documents),
+                Mount(scopes: [.data], rewrite: below), Mount(scopes: [.documents, .data], rewrite: same)]
+    }()
 
     @Test(arguments: [false, true])
     func theFastPathFindsWhatTheGeneralPathFinds(storeReachable: Bool) throws {
