@@ -83,7 +83,8 @@ let package = Package(
             swiftSettings: swiftSettings),
         .testTarget(
             name: "UbiquityDaemonTests",
-            dependencies: ["UbiquityDaemon", "UbiquityProtocol", "UbiquityControl", .product(name: "Logging", package: "swift-log")],
+            dependencies: ["UbiquityDaemon", "UbiquityProtocol", "UbiquityControl", "UbiquitySync", "UbiquityReplica", "UbiquityStore",
+                           .product(name: "Logging", package: "swift-log")],
             swiftSettings: swiftSettings),
         .testTarget(
             name: "UbiquityCoreTests",

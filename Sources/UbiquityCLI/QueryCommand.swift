@@ -111,7 +111,7 @@ struct QueryCommand: ParsableCommand {
         }
         let ns = try Replica.readNamespace(directory: locations.replica(storeID: storeID, container: container))
         let query = try Query(predicate: predicate, sort: sort)
-        let results = QueryService.run(query, scopes: scopes, records: SyncEngine.collectItems(in: ns))
+        let results = QueryService.run(query, scopes: scopes, namespace: ns)
         if json {
             let encoder = JSONEncoder()
             encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]

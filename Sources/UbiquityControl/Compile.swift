@@ -23,32 +23,52 @@ typealias ValueTest = @Sendable (MetadataValue?) -> Bool
 /// multi-valued attributes: as `ANY`, except that `!=` stays the negation of
 /// `==` (`NONE … ==`), and `== nil` / `!= nil` ask whether there is a collection
 /// at all. A missing collection has no elements.
+///
+/// The tree is generic over what it tests: a `MetadataItem` (its values
+/// looked up by name), or any subject for which the caller gives, per
+/// attribute name, a function reading that attribute's value (chosen once,
+/// here, so an item is tested without a dictionary of its values). Every
+/// test of a value is the same code whichever the subject.
 enum Compiler {
     static func compile(_ predicate: Predicate) -> ItemMatcher {
+        compile(predicate) { key in { $0.values[key] } }
+    }
+
+    static func compile<Subject>(_ predicate: Predicate,
+                                 reading access: (String) -> @Sendable (Subject) -> MetadataValue?) -> @Sendable (Subject) -> Bool {
         switch predicate {
         case .constant(let value):
             return { _ in value }
         case .not(let inner):
-            let inner = compile(inner)
+            let inner = compile(inner, reading: access)
             return { !inner($0) }
         case .and(let operands):
-            let operands = operands.map(compile)
+            let operands = operands.map { compile($0, reading: access) }
+            if operands.count == 2 {
+                let first = operands[0], second = operands[1]
+                return { first($0) && second($0) }
+            }
             return { item in operands.allSatisfy { $0(item) } }
         case .or(let operands):
-            let operands = operands.map(compile)
+            let operands = operands.map { compile($0, reading: access) }
+            if operands.count == 2 {
+                let first = operands[0], second = operands[1]
+                return { first($0) || second($0) }
+            }
             return { item in operands.contains { $0(item) } }
         case .comparison(let comparison):
-            return compile(comparison)
+            return compile(comparison, reading: access)
         }
     }
 
-    static func compile(_ c: Comparison) -> ItemMatcher {
-        let key = c.attribute.name
+    static func compile<Subject>(_ c: Comparison,
+                                 reading access: (String) -> @Sendable (Subject) -> MetadataValue?) -> @Sendable (Subject) -> Bool {
+        let read = access(c.attribute.name)
         let test = c.attribute.isCollection ? collectionTest(c) : valueTest(c)
         guard let derive = derivation(c.attribute.keyPath) else {
-            return { test($0.values[key]) }
+            return { test(read($0)) }
         }
-        return { test(derive($0.values[key])) }
+        return { test(derive(read($0))) }
     }
 
     // MARK: Key paths and collections

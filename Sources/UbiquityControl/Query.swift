@@ -73,6 +73,18 @@ public struct Query: Sendable {
         return names
     }
 
+    /// The predicate as a test of any subject: `access` gives, for each short
+    /// attribute name the predicate reads (`predicateAttributes`), a function
+    /// reading that attribute's value from a subject (nil or `.null`: no value),
+    /// asked once per name, here. A subject tests as the `MetadataItem` holding
+    /// those values would test with `matches`:
+    ///
+    ///     let test = query.matcher { name in name == "size" ? { .number(Double($0.size)) } : { _ in nil } }
+    public func matcher<Subject>(reading access: (_ attribute: String) -> @Sendable (Subject) -> MetadataValue?)
+        -> @Sendable (Subject) -> Bool {
+        Compiler.compile(tree, reading: access)
+    }
+
     /// Whether the item satisfies the predicate.
     public func matches(_ item: MetadataItem) -> Bool {
         matcher(item)
@@ -125,8 +137,13 @@ public struct Query: Sendable {
     /// ascending (last when descending), then by path, then in their given order.
     /// Strings compare by Unicode order (case-sensitive), booleans NO before YES.
     public func sorted(_ items: [MetadataItem]) -> [MetadataItem] {
+        sortOrder(items).map { items[$0] }
+    }
+
+    /// The positions of `items` in sort order (`sorted`'s order).
+    public func sortOrder(_ items: [MetadataItem]) -> [Int] {
         let count = items.count
-        guard count > 1 else { return items }
+        guard count > 1 else { return Array(0..<count) }
         // Each key becomes a dense rank per item (one specialised sort per key),
         // so the main sort compares small integers only.
         let width = sortKeys.count
@@ -191,7 +208,7 @@ public struct Query: Sendable {
                 }
             }
         }
-        return order.map { items[$0] }
+        return order
     }
 }
 

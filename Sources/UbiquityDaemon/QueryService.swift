@@ -31,81 +31,89 @@ package enum QueryService {
         Double(t.sec) + min(Double(t.nsec) / 1e9, 0.999_999)
     }
 
-    /// Builds an item's attributes: every one, or those a predicate reads (a
-    /// query first tests its predicate on what it reads, then builds whole
-    /// items for the matches). The choice is made once per query: looking the
-    /// names up per item and key cost more than the predicate over 100,000 items.
-    struct MetadataBuilder: Sendable {
-        typealias Part = (keys: Set<String>, add: @Sendable (ItemRecord, inout [String: MetadataValue]) -> Void)
-        private let parts: [Part]
-
-        static let everything = MetadataBuilder(only: nil)
-
-        /// Whether an item built here holds its path (or URL).
-        let readsPath: Bool
-
-        init(only: Set<String>?) {
-            parts = Self.allParts.filter { part in only.map { !$0.isDisjoint(with: part.keys) } ?? true }
-            readsPath = only.map { !$0.isDisjoint(with: ["path", "url"]) } ?? true
+    /// Whether an item in directory `directory` (its path from the
+    /// container's root, "" for the root) named `name` is in the scopes: the
+    /// same answer as `inScopes(directory + "/" + name, scopes)`, without
+    /// making the path.
+    static func inScopes(directory: String, name: FileName, _ scopes: [Scope]) -> Bool {
+        if scopes.count == 1, scopes[0] == .all { return true }
+        let belowDocuments = directory == "/Documents" || directory.hasPrefix("/Documents/")
+        let isDocuments = directory.isEmpty && name.bytes.elementsEqual("Documents".utf8)
+        return scopes.contains { scope in
+            switch scope {
+            case .all: return true
+            case .documents: return belowDocuments
+            case .data: return !belowDocuments && !isDocuments
+            }
         }
+    }
 
-        func item(_ r: ItemRecord) -> MetadataItem {
+    /// A query's predicate over item records (paths as shown) and over the
+    /// views of a scan: one compiled test for each, reading the fields it
+    /// needs directly (no dictionary of values per item). Both read through
+    /// `ItemValues.reader`, as `item` does for the whole item of a match, so
+    /// an item tests the same whichever way it is seen.
+    struct Matcher: Sendable {
+        let records: @Sendable (ItemRecord) -> Bool
+        let views: @Sendable (ItemView) -> Bool
+        /// Whether the predicate reads the sync status (a scan then gives it to every view).
+        let readsStatus: Bool
+
+        init(_ query: Query) {
+            records = query.matcher(reading: ItemValues.reader)
+            views = query.matcher(reading: ItemValues.reader)
+            readsStatus = !query.predicateAttributes.isDisjoint(with: ItemValues.statusAttributes)
+        }
+    }
+
+    /// Builds whole items: every attribute (the content types worked out once).
+    static func itemBuilder<R: QueryFields>(_: R.Type = R.self) -> (R) -> MetadataItem {
+        let readers = ItemValues.plainReaders(R.self)
+        return { r in
             var values: [String: MetadataValue] = [:]
-            values.reserveCapacity(parts.count + 2)
-            for part in parts { part.add(r, &values) }
+            values.reserveCapacity(readers.count + 3)
+            for (key, read) in readers { values[key] = read(r) ?? .null }
+            let types = ItemValues.contentTypes(r)
+            values["mimeType"] = .string(types.mime)
+            values["contentType"] = .string(types.uti)
+            values["contentTypeTree"] = .list(UniformTypes.tree(of: types.uti).map(MetadataValue.string))
             return MetadataItem(values: values)
         }
-
-        private static let allParts: [Part] = [
-            (["name"], { r, v in v["name"] = .string(r.name) }),
-            (["displayName"], { r, v in v["displayName"] = .string(r.name) }),
-            (["path"], { r, v in v["path"] = .string(r.path) }),
-            (["url"], { r, v in v["url"] = .string(URL(fileURLWithPath: r.path, isDirectory: r.isDirectory).absoluteString) }),
-            (["size"], { r, v in v["size"] = .number(Double(r.size)) }),
-            (["contentType", "contentTypeTree", "mimeType"], { r, v in
-                let mime = r.isDirectory ? "inode/directory" : ContentTypes.shared.type(ofFileNamed: r.name)
-                let uti = UniformTypes.identifier(forMIMEType: mime)
-                v["mimeType"] = .string(mime)
-                v["contentType"] = .string(uti)
-                v["contentTypeTree"] = .list(UniformTypes.tree(of: uti).map(MetadataValue.string))
-            }),
-            (["isDirectory"], { r, v in v["isDirectory"] = .bool(r.isDirectory) }),
-            (["creationDate"], { r, v in v["creationDate"] = .date(seconds(r.created)) }),
-            (["modificationDate"], { r, v in v["modificationDate"] = .date(seconds(r.modified)) }),
-            (["downloadingStatus"], { r, v in v["downloadingStatus"] = .string(r.status.downloadingStatus) }),
-            (["isDownloading"], { r, v in v["isDownloading"] = .bool(r.status.isDownloading) }),
-            (["percentDownloaded"], { r, v in v["percentDownloaded"] = .number(Double(r.status.percentDownloaded)) }),
-            (["isUploaded"], { r, v in v["isUploaded"] = .bool(r.status.isUploaded) }),
-            (["isUploading"], { r, v in v["isUploading"] = .bool(r.status.isUploading) }),
-            (["percentUploaded"], { r, v in v["percentUploaded"] = .number(r.status.isUploaded ? 100 : 0) }),
-            (["hasUnresolvedConflicts"], { r, v in v["hasUnresolvedConflicts"] = .bool(r.status.hasUnresolvedConflicts) }),
-            (["pinned"], { r, v in v["pinned"] = .bool(r.status.pinned) }),
-            (["downloadingError"], { r, v in v["downloadingError"] = r.status.downloadingError.map(MetadataValue.string) ?? .null }),
-            (["uploadingError"], { r, v in v["uploadingError"] = r.status.uploadingError.map(MetadataValue.string) ?? .null }),
-        ]
     }
 
-    /// The matching items, sorted, keyed by inode (for watch diffs).
-    /// `shownPath` gives the path the mount shows for a record (by default
-    /// its path): asked before the predicate only if the predicate reads
-    /// paths, otherwise only for the matches (most queries match few items).
-    package static func run(_ query: Query, scopes: [Scope], records: [ItemRecord],
-                            shownPath: ((ItemRecord) -> String)? = nil) -> [(UInt64, MetadataItem)] {
-        let filter = MetadataBuilder(only: query.predicateAttributes)
-        let pathFirst = filter.readsPath
-        var byItem: [MetadataItem: UInt64] = [:]
-        var matching: [MetadataItem] = []
-        for var record in records where inScopes(record.path, scopes) {
-            if pathFirst, let shownPath { record.path = shownPath(record) }
-            guard query.matches(filter.item(record)) else { continue }
-            if !pathFirst, let shownPath { record.path = shownPath(record) }
-            let item = MetadataBuilder.everything.item(record)
-            matching.append(item)
-            byItem[item] = record.ino
+    /// The whole item of a record.
+    static func item(_ record: ItemRecord) -> MetadataItem { itemBuilder(ItemRecord.self)(record) }
+
+    /// The records (paths from the container's root) of the items of one
+    /// scan that are in `scopes` and match: the predicate is tested on the
+    /// scan's views, paths shown through `show` (a rewrite of a leading part
+    /// of the path: see `QuerySource.rewrite`).
+    static func matching(_ matcher: Matcher, scopes: [Scope], show: @escaping (String) -> String,
+                         scan: (Bool, (String) -> String, (ItemView) -> Bool) -> [ItemRecord]) -> [ItemRecord] {
+        let test = matcher.views
+        if scopes.count == 1, scopes[0] == .all {
+            return scan(matcher.readsStatus, show, test)
         }
-        return query.sorted(matching).map { (byItem[$0] ?? 0, $0) }
+        return scan(matcher.readsStatus, show) { view in
+            inScopes(directory: view.directory, name: view.fileName, scopes) && test(view)
+        }
     }
 
+    /// The whole items of matching records, sorted, keyed by `key` (for watch diffs).
+    static func sortedItems(_ query: Query, _ records: [ItemRecord], key: (ItemRecord) -> UInt64) -> [(UInt64, MetadataItem)] {
+        let build = itemBuilder(ItemRecord.self)
+        let items = records.map(build)
+        return query.sortOrder(items).map { (key(records[$0]), items[$0]) }
+    }
+
+    /// The matching items of a namespace read without a daemon, sorted, paths
+    /// from the container's root.
+    package static func run(_ query: Query, scopes: [Scope], namespace: Namespace) -> [(UInt64, MetadataItem)] {
+        let records = matching(Matcher(query), scopes: scopes, show: { $0 }) { status, show, keep in
+            SyncEngine.scanItems(in: namespace, status: status, showDirectory: show, keep)
+        }
+        return sortedItems(query, records, key: \.ino)
+    }
     /// An item as the protocol carries it (dates as ISO 8601 text).
     package static func json(_ item: MetadataItem) -> [String: JSONValue] {
         item.values.mapValues(jsonValue)
@@ -199,7 +207,8 @@ package enum QueryService {
         let throttle = min(3600, max(0.05, parameters.throttle))
         var current = Dictionary(results, uniquingKeysWith: { a, _ in a })
         results = []
-        let filter = MetadataBuilder(only: query.predicateAttributes)
+        let matcher = Matcher(query)
+        let build = itemBuilder(ItemRecord.self)
         func generation() -> [UInt64] { ((try? sources()) ?? []).map { $0.key &* 1_000_003 &+ $0.engine.changeGeneration } }
         var seen = generation()
         var lastBeat = Date()
@@ -242,8 +251,8 @@ package enum QueryService {
                     for var record in source.engine.items(inos) where inScopes(record.path, source.scopes) {
                         record.path = source.rewrite(record.path)
                         record.ino = source.key << 48 | record.ino
-                        if updated[record.ino] == nil, query.matches(filter.item(record)) {
-                            updated[record.ino] = MetadataBuilder.everything.item(record)
+                        if updated[record.ino] == nil, matcher.records(record) {
+                            updated[record.ino] = build(record)
                         }
                     }
                 }
@@ -298,27 +307,116 @@ package enum QueryService {
         }
     }
 
-    /// `run` over the items of several sources as one list: keys unique
-    /// across sources (the source's key in the top bits), paths as the mount
-    /// shows them.
+    /// The matching items of several sources as one list, sorted: keys
+    /// unique across sources (the source's key in the top bits), paths as the
+    /// mount shows them.
     static func run(_ query: Query, sources: [QuerySource]) -> [(UInt64, MetadataItem)] {
+        let matcher = Matcher(query)
         var records: [ItemRecord] = []
-        var rewrites: [UInt64: (String) -> String] = [:]
         for source in sources {
-            rewrites[source.key] = source.rewrite
-            for var record in source.engine.items() where inScopes(record.path, source.scopes) {
+            let found = matching(matcher, scopes: source.scopes, show: source.rewrite) { status, show, keep in
+                source.engine.scanItems(status: status, showDirectory: show, keep)
+            }
+            for var record in found {
+                record.path = source.rewrite(record.path)
                 record.ino = source.key << 48 | record.ino
                 records.append(record)
             }
         }
-        return run(query, scopes: [.all], records: records, shownPath: { record in
-            rewrites[record.ino >> 48].map { $0(record.path) } ?? record.path
-        })
+        return sortedItems(query, records, key: \.ino)
+    }
+}
+
+/// What a query reads of an item: a record (its path as the mount shows
+/// it) or a scan's view.
+protocol QueryFields {
+    var name: String { get }
+    /// The path as the query shows it.
+    var shownPath: String { get }
+    var isDirectory: Bool { get }
+    var size: UInt64 { get }
+    var created: Timespec { get }
+    var modified: Timespec { get }
+    /// The sync status (read only for the attributes of `ItemValues.statusAttributes`).
+    var itemStatus: ItemStatus { get }
+}
+
+extension ItemRecord: QueryFields {
+    var shownPath: String { path }
+    var itemStatus: ItemStatus { status }
+}
+
+extension ItemView: QueryFields {
+    /// The scan's `shownDirectory` and the name.
+    var shownPath: String { shownDirectory + "/" + name }
+    /// A scan asked for status when the predicate reads it (`Matcher.readsStatus`);
+    /// without it, an item reads as current and uploaded (never reached).
+    var itemStatus: ItemStatus {
+        status ?? .unread
+    }
+}
+
+/// The attributes of an item (`Query.attributeNames`) from its fields: one
+/// reading function per attribute, chosen once per query (looking names up
+/// per item and key cost more than the predicate over 100,000 items).
+enum ItemValues {
+    /// The attributes read from the sync status.
+    static let statusAttributes: Set<String> = [
+        "downloadingStatus", "isDownloading", "percentDownloaded", "isUploaded", "isUploading", "percentUploaded",
+        "hasUnresolvedConflicts", "pinned", "downloadingError", "uploadingError",
+    ]
+
+    /// The freedesktop MIME type and the Uniform Type Identifier.
+    static func contentTypes<R: QueryFields>(_ r: R) -> (mime: String, uti: String) {
+        let mime = r.isDirectory ? "inode/directory" : ContentTypes.shared.type(ofFileNamed: r.name)
+        return (mime, UniformTypes.identifier(forMIMEType: mime))
+    }
+
+    /// The function reading attribute `key` (a short name); nil values for an unknown name.
+    static func reader<R: QueryFields>(_ key: String) -> @Sendable (R) -> MetadataValue? {
+        switch key {
+        case "mimeType": return { .string(contentTypes($0).mime) }
+        case "contentType": return { .string(contentTypes($0).uti) }
+        case "contentTypeTree": return { .list(UniformTypes.tree(of: contentTypes($0).uti).map(MetadataValue.string)) }
+        default: return plainReader(key) ?? { _ in nil }  // (every name the parser accepts has one)
+        }
+    }
+
+    /// Every attribute but the content types, with its reader.
+    static func plainReaders<R: QueryFields>(_: R.Type) -> [(String, @Sendable (R) -> MetadataValue?)] {
+        Query.attributeNames.compactMap { key in plainReader(key).map { (key, $0) } }
+    }
+
+    private static func plainReader<R: QueryFields>(_ key: String) -> (@Sendable (R) -> MetadataValue?)? {
+        switch key {
+        case "name", "displayName": return { .string($0.name) }
+        case "path": return { .string($0.shownPath) }
+        case "url": return { r in .string(URL(fileURLWithPath: r.shownPath, isDirectory: r.isDirectory).absoluteString) }
+        case "size": return { .number(Double($0.size)) }
+        case "isDirectory": return { .bool($0.isDirectory) }
+        case "creationDate": return { .date(QueryService.seconds($0.created)) }
+        case "modificationDate": return { .date(QueryService.seconds($0.modified)) }
+        case "downloadingStatus": return { .string($0.itemStatus.downloadingStatus) }
+        case "isDownloading": return { .bool($0.itemStatus.isDownloading) }
+        case "percentDownloaded": return { .number(Double($0.itemStatus.percentDownloaded)) }
+        case "isUploaded": return { .bool($0.itemStatus.isUploaded) }
+        case "isUploading": return { .bool($0.itemStatus.isUploading) }
+        case "percentUploaded": return { .number($0.itemStatus.isUploaded ? 100 : 0) }
+        case "hasUnresolvedConflicts": return { .bool($0.itemStatus.hasUnresolvedConflicts) }
+        case "pinned": return { .bool($0.itemStatus.pinned) }
+        case "downloadingError": return { $0.itemStatus.downloadingError.map(MetadataValue.string) ?? .null }
+        case "uploadingError": return { $0.itemStatus.uploadingError.map(MetadataValue.string) ?? .null }
+        default: return nil
+        }
     }
 }
 
 /// Items a query sees: one container's engine, the scopes of it shown, and
 /// how its paths (from the container's root) read below the mountpoint.
+/// `rewrite` replaces a leading part of a path, one that every directory
+/// holding an item in `scopes` has whole (the mountpoint for "", or for a
+/// Documents scope for "/Documents"), so that `rewrite(directory) + "/" + name`
+/// is `rewrite(directory + "/" + name)`: a query rewrites each directory once.
 struct QuerySource {
     var key: UInt64
     var engine: SyncEngine

@@ -30,9 +30,49 @@ public struct ItemRecord: Sendable {
     public var created: Timespec
     public var modified: Timespec
     public var status: ItemStatus
+
+    public init(ino: UInt64, path: String, name: String, isDirectory: Bool, size: UInt64,
+                created: Timespec, modified: Timespec, status: ItemStatus) {
+        self.ino = ino
+        self.path = path
+        self.name = name
+        self.isDirectory = isDirectory
+        self.size = size
+        self.created = created
+        self.modified = modified
+        self.status = status
+    }
+}
+
+/// One item as a query's scan sees it (`SyncEngine.scanItems`): what the
+/// node says, read in place, its name as stored and its directory's path; the
+/// name and path strings are made only when read.
+public struct ItemView: Sendable {
+    public let ino: UInt64
+    public let fileName: FileName
+    /// The path of the item's directory from the container's root ("" for the root).
+    public let directory: String
+    /// The directory's path as the caller of the scan shows it (`showDirectory`).
+    public let shownDirectory: String
+    public let isDirectory: Bool
+    public let size: UInt64
+    public let created: Timespec
+    public let modified: Timespec
+    /// Its sync status, if the scan was asked for it.
+    public let status: ItemStatus?
+
+    public var name: String { fileName.description }
+    /// The path from the container's root.
+    public var path: String { directory + "/" + fileName.description }
 }
 
 extension ItemStatus {
+    /// A status that was not read (what a view without status reports):
+    /// current and uploaded.
+    public static let unread = ItemStatus(
+        downloadingStatus: "current", isDownloading: false, percentDownloaded: 100, isUploaded: true, isUploading: false,
+        hasUnresolvedConflicts: false, conflicts: 0, downloadingError: nil, uploadingError: nil, pinned: false)
+
     static func make(_ node: LocalNode, pinned: Bool, download: DownloadBoard.Job?, sync: SyncStatus) -> ItemStatus {
         let local = node.kind != .file || node.hasContent
         let downloading = download.map { !$0.done && $0.error == nil } ?? false
@@ -68,37 +108,67 @@ extension SyncEngine {
     /// Every item of the container (below `root`), with its status — one
     /// pass under the namespace lock.
     public func items(under root: UInt64 = Namespace.rootIno) -> [ItemRecord] {
+        scanItems(under: root, status: true) { _ in true }
+    }
+
+    /// The records of the items (below `root`) that `keep` keeps, in one pass
+    /// under the namespace lock. `keep` sees each item as an `ItemView`, read
+    /// in place: no path, no name string and no status are made for an item
+    /// unless `keep` asks for them (`status`: whether views carry their status,
+    /// for a test that reads it); whole records are built for the kept items only.
+    /// `showDirectory` gives, once per directory, the directory's path as the
+    /// caller shows it (`ItemView.shownDirectory`; by default as it is).
+    public func scanItems(under root: UInt64 = Namespace.rootIno, status: Bool,
+                          showDirectory: (String) -> String = { $0 },
+                          _ keep: (ItemView) -> Bool) -> [ItemRecord] {
         let jobs = downloads.withJobs { $0 }
         let sync = currentStatus
-        return replica.withNamespace { ns in Self.collectItems(in: ns, under: root, sync: sync, jobs: jobs) }
+        return replica.withNamespace { ns in
+            Self.scanItems(in: ns, under: root, sync: sync, jobs: jobs, status: status, showDirectory: showDirectory, keep)
+        }
     }
 
     /// Items of a namespace (also for a replica read without a daemon).
     public static func collectItems(in ns: Namespace, under root: UInt64 = Namespace.rootIno,
                                     sync: SyncStatus = SyncStatus()) -> [ItemRecord] {
-        collectItems(in: ns, under: root, sync: sync, jobs: [:])
+        scanItems(in: ns, under: root, sync: sync, jobs: [:], status: true) { _ in true }
     }
 
-    static func collectItems(in ns: Namespace, under root: UInt64, sync: SyncStatus,
-                             jobs: [DownloadBoard.JobKey: DownloadBoard.Job]) -> [ItemRecord] {
+    /// `scanItems` over a namespace read without a daemon.
+    public static func scanItems(in ns: Namespace, under root: UInt64 = Namespace.rootIno, sync: SyncStatus = SyncStatus(),
+                                 status: Bool, showDirectory: (String) -> String = { $0 },
+                                 _ keep: (ItemView) -> Bool) -> [ItemRecord] {
+        scanItems(in: ns, under: root, sync: sync, jobs: [:], status: status, showDirectory: showDirectory, keep)
+    }
+
+    static func scanItems(in ns: Namespace, under root: UInt64, sync: SyncStatus,
+                          jobs: [DownloadBoard.JobKey: DownloadBoard.Job], status: Bool,
+                          showDirectory: (String) -> String = { $0 },
+                          _ keep: (ItemView) -> Bool) -> [ItemRecord] {
         var out: [ItemRecord] = []
-        out.reserveCapacity(ns.nodes.count)
         var stack: [(UInt64, String, Bool)] = [(root, "", ns.node(root)?.pinned ?? false)]
         while let (dir, prefix, pinnedAbove) = stack.popLast() {
-            for (name, entry) in ns.entries(of: dir) {
+            guard let entries = ns.children[dir] else { continue }
+            let shownPrefix = showDirectory(prefix)
+            for (name, entry) in entries {
                 // The node is read in place (`map` on the table's value), not
                 // copied out: a copy retains every field, 100,000 times a query.
                 ns.nodes[entry.ino].map { node in
-                    let shown = name.description
-                    let path = prefix + "/" + shown
                     let pinned = pinnedAbove || node.pinned
                     // (No job key to hash when nothing downloads, the usual case.)
                     let job = jobs.isEmpty ? nil : jobs[DownloadBoard.JobKey(ino: entry.ino, hash: node.hash)]
-                    out.append(ItemRecord(ino: entry.ino, path: path, name: shown,
-                                          isDirectory: node.kind == .directory, size: node.size,
-                                          created: node.btime, modified: node.mtime,
-                                          status: ItemStatus.make(node, pinned: pinned, download: job, sync: sync)))
-                    if node.kind == .directory { stack.append((entry.ino, path, pinned)) }
+                    let isDirectory = node.kind == .directory
+                    let view = ItemView(ino: entry.ino, fileName: name, directory: prefix, shownDirectory: shownPrefix,
+                                        isDirectory: isDirectory, size: node.size,
+                                        created: node.btime, modified: node.mtime,
+                                        status: status ? ItemStatus.make(node, pinned: pinned, download: job, sync: sync) : nil)
+                    if keep(view) {
+                        out.append(ItemRecord(ino: entry.ino, path: view.path, name: view.name,
+                                              isDirectory: isDirectory, size: node.size,
+                                              created: node.btime, modified: node.mtime,
+                                              status: view.status ?? ItemStatus.make(node, pinned: pinned, download: job, sync: sync)))
+                    }
+                    if isDirectory { stack.append((entry.ino, view.path, pinned)) }
                 }
             }
         }

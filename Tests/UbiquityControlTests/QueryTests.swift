@@ -356,3 +356,25 @@ private func matches(_ predicate: String, _ values: [String: MetadataValue],
         #expect(Set(results.map { $0["path"] }) == Set(expected.map { $0["path"] }))
     }
 }
+
+@Suite struct MatcherTests {
+    /// A predicate compiled for another subject (here an item's position,
+    /// its values read through functions chosen per attribute) answers as
+    /// `matches` does on the item, and asks only for the attributes it reads.
+    @Test func aMatcherOverAnotherSubjectAgreesWithMatches() throws {
+        let items = Generated.items(count: 1_000, seed: 5)
+        var generator = PredicateGenerator(seed: 77, items: items)
+        for round in 0..<300 {
+            let (_, text) = round.isMultiple(of: 2) ? generator.predicate() : generator.comparison()
+            let query = try Query(predicate: text)
+            var asked = Set<String>()
+            let test = query.matcher { (name: String) -> @Sendable (Int) -> MetadataValue? in
+                asked.insert(name)
+                return { items[$0].values[name] }
+            }
+            #expect(asked.isSubset(of: query.predicateAttributes), "\(text): asked \(asked)")
+            let mismatches = items.indices.filter { test($0) != query.matches(items[$0]) }
+            #expect(mismatches.isEmpty, "\(text): \(mismatches.count) mismatches")
+        }
+    }
+}
