@@ -6,7 +6,7 @@ packages=(
   # build and run
   libfuse3-dev fuse3 libsqlite3-dev pkg-config
   # tests: real tools on the mount, and the peer for benchmarks
-  vim git sqlite3 rsync tar attr bindfs fio shared-mime-info python3
+  vim git sqlite3 rsync tar attr bindfs rclone fio shared-mime-info python3
   # tests: S3 servers -- Tests/servers/s3servers.py runs a throwaway one-node
   # Ceph (monitor, OSD on memstore, RADOS Gateway) on loopback; keep in sync
   # with CEPH_PACKAGES there.  SeaweedFS comes from PyPI (Tests/requirements.txt).
