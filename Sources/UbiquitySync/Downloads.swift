@@ -209,7 +209,7 @@ extension SyncEngine {
                         progress(ino, hash: hash, verified: offset + count)
                     }
                 } else {
-                    let data = try store.fetchBlob(hash)
+                    let data = try fetchContent(hash, size: size)   // its pack, if it is packed (Packs.swift)
                     guard UInt64(data.count) == size else { throw UbiquityError(EIO, "blob \(hash) has the wrong size") }
                     try write(data, at: 0)
                 }
