@@ -43,7 +43,7 @@ let package = Package(
             swiftSettings: swiftSettings),
         .target(
             name: "UbiquitySync",
-            dependencies: ["UbiquityStore", "UbiquityReplica", .product(name: "Logging", package: "swift-log")],
+            dependencies: ["UbiquityStore", "UbiquityReplica", .product(name: "Logging", package: "swift-log"), .product(name: "GRDB", package: "GRDB.swift")],
             swiftSettings: swiftSettings),
         .target(
             name: "UbiquityFS",

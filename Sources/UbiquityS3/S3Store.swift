@@ -33,7 +33,9 @@ import UbiquityStore
 /// for a while after activity and less when quiet (see `S3JournalWatcher`).
 public final class S3Store: Store, @unchecked Sendable {
     public static let markerName = "ubiquityfs-store.json"
-    static let formatVersion = 1
+    /// The format new stores are made with (2: small files may be packed;
+    /// docs/STORE-FORMAT.md). A store of format 1 stays format 1 (no packs).
+    static let formatVersion = 2
 
     struct Marker: Codable {
         var format: Int
@@ -42,6 +44,9 @@ public final class S3Store: Store, @unchecked Sendable {
 
     public let client: S3Client
     public let storeID: String
+    /// The format in the marker, once read (0: not yet).
+    let format = Atomic<Int>(0)
+    public var packsSmallContent: Bool { format.load(ordering: .relaxed) >= 2 }
     var location: S3Location { client.location }
     /// Per container: the first journal number not yet read (what the watcher looks for).
     let nextRecord = Mutex<[String: UInt64]>([:])
@@ -81,12 +86,16 @@ public final class S3Store: Store, @unchecked Sendable {
                                           body: try JSONEncoder().encode(marker), expect: [412], retryStatus: Self.retryConditional)
             if created.status == 412 {
                 // Another device made the store first: use theirs.
-                storeID = try Self.readMarker(client.send(.GET, key: markerKey).body, location)
+                let theirs = try client.send(.GET, key: markerKey).body
+                storeID = try Self.readMarker(theirs, location)
+                format.store(Self.format(of: theirs), ordering: .relaxed)
             } else {
                 storeID = marker.storeID
+                format.store(Self.formatVersion, ordering: .relaxed)
             }
         } else {
             storeID = try Self.readMarker(found.body, location)
+            format.store(Self.format(of: found.body), ordering: .relaxed)
         }
         verified.store(true, ordering: .relaxed)
     }
@@ -109,8 +118,12 @@ public final class S3Store: Store, @unchecked Sendable {
         guard try Self.readMarker(response.body, location) == storeID else {
             throw UbiquityError(EINVAL, "\(location) now holds a different store than the one this device used there; refusing to mix them")
         }
+        format.store(Self.format(of: response.body), ordering: .relaxed)
         verified.store(true, ordering: .relaxed)
     }
+
+    /// The format a marker (already read by `readMarker`) says.
+    static func format(of data: Data) -> Int { (try? JSONDecoder().decode(Marker.self, from: data))?.format ?? 0 }
 
     static func readMarker(_ data: Data, _ location: S3Location) throws -> String {
         guard let marker = try? JSONDecoder().decode(Marker.self, from: data), RecordFormat.isValidID(marker.storeID) else {
@@ -372,6 +385,27 @@ public final class S3Store: Store, @unchecked Sendable {
             throw UbiquityError(EIO, "blob \(hash) in the store is damaged (its content does not match its name)")
         }
         return response.body
+    }
+
+    /// One ranged GET (`Range: bytes=a-b`); the caller verifies what it holds.
+    public func fetchBlobRange(_ hash: String, offset: UInt64, count: Int) throws -> Data {
+        try verifyMarker()
+        guard count > 0 else { return Data() }
+        let last = offset + UInt64(count) - 1
+        let response = try client.send(.GET, key: blobKey(hash), headers: [("range", "bytes=\(offset)-\(last)")], expect: [404, 416])
+        guard response.status != 404 else { throw UbiquityError(EIO, "pack \(hash) missing from the store") }
+        var body = response.body
+        if response.status == 200 {
+            // A server that ignores Range sends the whole object.
+            guard UInt64(body.count) > last else {
+                throw UbiquityError(EIO, "pack \(hash) in the store ends before bytes \(offset) to \(last + 1) (cut short or damaged)")
+            }
+            body = body.subdata(in: Int(offset)..<Int(offset) + count)
+        }
+        guard response.status != 416, body.count == count else {
+            throw UbiquityError(EIO, "pack \(hash) in the store ends before bytes \(offset) to \(last + 1) (cut short or damaged)")
+        }
+        return body
     }
 
     public func watchJournal(container: String) -> (any JournalWatcher)? {

@@ -27,7 +27,10 @@ public final class FolderStore: Store {
     /// Monotonic nanoseconds of the last time the marker was found (`checkReachable`).
     let reachableConfirmedAt = Atomic<UInt64>(0)
     public static let markerName = "ubiquityfs-store.json"
-    static let formatVersion = 1
+    /// The format new stores are made with (2: small files may be packed;
+    /// docs/STORE-FORMAT.md). Stores of format 1 are read and written as
+    /// format 1 (no packs), so devices that read only format 1 can share them.
+    static let formatVersion = 2
 
     struct Marker: Codable {
         var format: Int
@@ -38,6 +41,11 @@ public final class FolderStore: Store {
 
     public let root: URL
     public let storeID: String
+    /// The format in the marker (1 or 2; 0 while it was never read: a store
+    /// opened unreachable), read again with the marker.
+    public var format: Int { formatFlag.load(ordering: .relaxed) }
+    let formatFlag: Atomic<Int>
+    public var packsSmallContent: Bool { format >= 2 }
     /// Whether the store is shared by a group (see the type's notes): from
     /// the marker, read again whenever reachability is checked (a store
     /// unreachable at start learns it when it comes back).
@@ -78,6 +86,7 @@ public final class FolderStore: Store {
                 throw UbiquityError(EPROTONOSUPPORT, "store \(self.root.path) has format \(marker.format); this ubiquityfs reads format \(Self.formatVersion) — upgrade it")
             }
             storeID = marker.storeID
+            formatFlag = Atomic(marker.format)
             sharedFlag = Atomic(marker.shared ?? false)
             if shared && !self.shared {
                 throw UbiquityError(EPERM, "store \(self.root.path) is private (made without --shared-store); its files are its owner's only")
@@ -95,6 +104,7 @@ public final class FolderStore: Store {
                 throw UbiquityError(ENOENT, "store \(self.root.path) is empty: it is not reachable (no \(Self.markerName))")
             }
             storeID = UUID().uuidString.lowercased()
+            formatFlag = Atomic(Self.formatVersion)
             sharedFlag = Atomic(shared)
             try Self.ensureWritable(self.root)
             // A new private store: its folder is its owner's only.
@@ -146,6 +156,7 @@ public final class FolderStore: Store {
         self.root = root.standardizedFileURL
         self.storeID = storeID
         sharedFlag = Atomic(false)
+        formatFlag = Atomic(0)
     }
 
     static func ensureWritable(_ root: URL) throws {
@@ -161,6 +172,7 @@ public final class FolderStore: Store {
         guard let data = FileManager.default.contents(atPath: root.appendingPathComponent(Self.markerName).path),
               let marker = try? JSONDecoder().decode(Marker.self, from: data), marker.storeID == storeID else { return false }
         sharedFlag.store(marker.shared ?? false, ordering: .relaxed)
+        formatFlag.store(marker.format, ordering: .relaxed)
         return true
     }
 
@@ -368,6 +380,30 @@ public final class FolderStore: Store {
         guard fd >= 0 else { throw UbiquityError(EHOSTDOWN, "store \(root.path) is not reachable") }
         defer { close(fd) }
         try syscallRetrying("syncfs \(root.path)") { LinuxCalls.syncfs(fd) }
+    }
+
+    /// One `pread` of the range (the caller verifies what it holds).
+    public func fetchBlobRange(_ hash: String, offset: UInt64, count: Int) throws -> Data {
+        try checkReachable()
+        let fd = open(blobURL(hash).path, O_RDONLY | O_CLOEXEC)
+        guard fd >= 0 else {
+            let code = errno
+            throw UbiquityError(EIO, "pack \(hash) missing from the store: \(String(cString: strerror(code)))")
+        }
+        defer { close(fd) }
+        var data = Data(count: count)
+        var done = 0
+        try data.withUnsafeMutableBytes { raw in
+            while done < raw.count {
+                let n = try syscallRetrying("read pack \(hash)") { pread(fd, raw.baseAddress! + done, raw.count - done, off_t(offset) + off_t(done)) }
+                if n == 0 { break }
+                done += n
+            }
+        }
+        guard done == count else {
+            throw UbiquityError(EIO, "pack \(hash) in the store ends before bytes \(offset) to \(offset + UInt64(count)) (cut short or damaged)")
+        }
+        return data
     }
 
     public func fetchBlob(_ hash: String) throws -> Data {

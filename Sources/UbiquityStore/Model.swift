@@ -117,19 +117,24 @@ public struct NodeState: Codable, Hashable, Sendable {
     public var chunked: Bool?
     /// Unresolved conflict versions of this node: the IDs of the conflicted copies.
     public var conflicts: [NodeID]?
+    /// Where the content is when it is not a blob of its own: `size` bytes
+    /// at `offset` in pack blob `hash` (record version 2; see `PackLocation`).
+    public var pack: PackLocation?
 
     public init(id: NodeID, kind: NodeKind, mode: UInt32, uid: UInt32, gid: UInt32, size: UInt64,
                 hash: String?, target: String?, rdev: UInt64, mtime: Timespec, ctime: Timespec,
-                btime: Timespec, xattrs: [String: Data], base: UInt64, chunked: Bool = false, conflicts: [NodeID] = []) {
+                btime: Timespec, xattrs: [String: Data], base: UInt64, chunked: Bool = false, conflicts: [NodeID] = [],
+                pack: PackLocation? = nil) {
         self.id = id; self.kind = kind; self.mode = mode; self.uid = uid; self.gid = gid
         self.size = size; self.hash = hash; self.target = target; self.rdev = rdev
         self.mtime = mtime; self.ctime = ctime; self.btime = btime; self.xattrs = xattrs; self.base = base
         self.chunked = chunked ? true : nil
         self.conflicts = conflicts.isEmpty ? nil : conflicts
+        self.pack = pack
     }
 
     enum CodingKeys: String, CodingKey {
-        case id, kind, mode, uid, gid, size, hash, target, rdev, mtime, ctime, btime, xattrs, base, chunked, conflicts
+        case id, kind, mode, uid, gid, size, hash, target, rdev, mtime, ctime, btime, xattrs, base, chunked, conflicts, pack
     }
 
     // Decoded by hand for clear reasons ("size -5 is negative"); the field
@@ -156,7 +161,39 @@ public struct NodeState: Codable, Hashable, Sendable {
         base = try c.decodeUnsigned(UInt64.self, forKey: .base)
         chunked = try c.decodeIfPresent(Bool.self, forKey: .chunked)
         conflicts = try c.decodeIfPresent([NodeID].self, forKey: .conflicts)
+        pack = try c.decodeIfPresent(PackLocation.self, forKey: .pack)
     }
+}
+
+/// Where packed content is: bytes `offset ..< offset + size` (the node's
+/// `size`) of the pack blob `hash`. A pack is a blob (at most one chunk,
+/// named by the SHA-256 of all its bytes) holding the content of several
+/// small files one after another; a member is verified against the node's
+/// own content `hash` when it is read. See `PackLayout` and docs/STORE-FORMAT.md.
+public struct PackLocation: Codable, Hashable, Sendable {
+    public var hash: String
+    public var offset: UInt64
+
+    public init(hash: String, offset: UInt64) {
+        self.hash = hash
+        self.offset = offset
+    }
+
+    enum CodingKeys: String, CodingKey { case hash, offset }
+
+    public init(from decoder: any Decoder) throws {
+        let c = try decoder.container(keyedBy: CodingKeys.self)
+        hash = try c.decode(String.self, forKey: .hash)
+        offset = try c.decodeUnsigned(UInt64.self, forKey: .offset)
+    }
+}
+
+/// How small files are packed when pushed.
+public enum PackLayout {
+    /// Content smaller than this goes into a pack; larger content keeps its own blob(s).
+    public static let memberLimit = 1 << 20
+    /// A pack is one blob: at most one chunk (`ContentLayout.chunkSize`).
+    public static let maxPackSize = ContentLayout.chunkSize
 }
 
 extension KeyedDecodingContainer {
@@ -233,11 +270,19 @@ public struct ChangeSet: Codable, Sendable {
     public var changes: [Change]
 
     public init(device: String, deviceName: String, date: Timespec = .now(), changes: [Change]) {
-        self.version = RecordFormat.version
         self.device = device
         self.deviceName = deviceName
         self.date = date
         self.changes = changes
+        self.version = 1
+        self.version = requiredVersion
+    }
+
+    /// The record version this change set needs: 2 when a node names a
+    /// pack (a device that reads only version 1 must refuse it, not read
+    /// the node's content as a blob of its own), 1 otherwise (every device reads it).
+    public var requiredVersion: Int {
+        changes.contains { if case .node(let state) = $0 { state.pack != nil } else { false } } ? 2 : 1
     }
 
     enum CodingKeys: String, CodingKey { case version, device, deviceName, date, changes }
@@ -246,9 +291,9 @@ public struct ChangeSet: Codable, Sendable {
     public init(from decoder: any Decoder) throws {
         let c = try decoder.container(keyedBy: CodingKeys.self)
         version = try c.decodeIfPresent(Int.self, forKey: .version) ?? 1
-        guard version == RecordFormat.version else {
+        guard RecordFormat.readableVersions.contains(version) else {
             throw DecodingError.dataCorruptedError(forKey: .version, in: c, debugDescription:
-                "record version \(version) is not supported (this ubiquityfs reads version \(RecordFormat.version))")
+                "record version \(version) is not supported (this ubiquityfs reads versions \(RecordFormat.readableVersions.lowerBound) to \(RecordFormat.version))")
         }
         device = try c.decode(String.self, forKey: .device)
         deviceName = try c.decode(String.self, forKey: .deviceName)

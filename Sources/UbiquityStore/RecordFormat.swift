@@ -21,8 +21,13 @@ import Foundation
 /// The writer runs the same checks (`encodedRecord`): a device never
 /// commits a record the others would refuse.
 public enum RecordFormat {
-    /// The version of the record format this code reads and writes.
-    public static let version = 1
+    /// The newest version of the record format this code reads and writes.
+    /// A record is written as version 1 unless it needs 2 (`ChangeSet.requiredVersion`:
+    /// a node whose content is in a pack), so devices that read only
+    /// version 1 keep reading every record they can.
+    public static let version = 2
+    /// The versions this code reads.
+    public static let readableVersions = 1...2
     /// Longest record (bytes) a reader accepts: it is read whole into memory.
     public static let maxRecordBytes = 256 << 20
     /// Largest content size (1 PiB): far beyond any device's disk, and well
@@ -133,8 +138,10 @@ extension ChangeSet {
     /// The bytes of journal record `seq`: this change set, checked as every
     /// reader will check it (a device never commits what others would refuse).
     public func encodedRecord(seq: UInt64) throws -> Data {
+        var record = self
+        record.version = requiredVersion   // 1 unless it names packs
         do {
-            try validate(seq: seq)
+            try record.validate(seq: seq)
         } catch let error as UbiquityError {
             throw UbiquityError(EBADMSG, "this device's change set would be refused by every reader: \(error.message)")
         }
@@ -142,7 +149,7 @@ extension ChangeSet {
         // commit whose answer was lost recognises its record by them).
         let encoder = JSONEncoder()
         encoder.outputFormatting = [.sortedKeys]
-        let data = try encoder.encode(self)
+        let data = try encoder.encode(record)
         guard data.count <= RecordFormat.maxRecordBytes else {
             throw UbiquityError(EFBIG, "change set of \(data.count) bytes is larger than a record may be (\(RecordFormat.maxRecordBytes))")
         }
@@ -169,7 +176,8 @@ extension ChangeSet {
     /// against the others of the record); `EBADMSG` naming the first problem.
     public func validate(seq: UInt64) throws {
         func fail(_ reason: String) -> UbiquityError { UbiquityError(EBADMSG, reason) }
-        guard version == RecordFormat.version else { throw fail("record version \(version) is not supported") }
+        guard RecordFormat.readableVersions.contains(version) else { throw fail("record version \(version) is not supported") }
+        if version < requiredVersion { throw fail("record version \(version) cannot name packs (version 2 can)") }
         guard RecordFormat.isValidID(device) else { throw fail("device ID \(RecordFormat.quoted(device)) is not well-formed") }
         if let problem = RecordFormat.problem(deviceName: deviceName) { throw fail("device name \(problem)") }
         var described = Set<NodeID>()
@@ -289,6 +297,18 @@ extension NodeState {
             }
             guard value.count <= RecordFormat.maxXattrValueBytes else {
                 return "\(node): extended attribute \(shown) is \(value.count) bytes (at most \(RecordFormat.maxXattrValueBytes))"
+            }
+        }
+        if let pack {
+            guard kind == .file, hash != nil, chunked != true else { return "\(node): only a file's unchunked content can be in a pack" }
+            guard ContentCopy.isValidHash(pack.hash) else {
+                return "\(node): pack \(RecordFormat.quoted(pack.hash)) is not 64 lower-case hex digits"
+            }
+            guard size > 0, size < UInt64(PackLayout.memberLimit) else {
+                return "\(node): size \(size) cannot be in a pack (1 to \(PackLayout.memberLimit - 1) bytes)"
+            }
+            guard pack.offset <= UInt64(PackLayout.maxPackSize) - size else {
+                return "\(node): bytes \(pack.offset) to \(pack.offset &+ size) lie beyond the largest pack (\(PackLayout.maxPackSize) bytes)"
             }
         }
         for copy in conflicts ?? [] where !RecordFormat.isValidID(copy) {

@@ -95,9 +95,11 @@ public struct SnapshotPart: Codable, Sendable {
     }
 
     public func encoded() throws -> Data {
+        var part = self
+        part.changeSet.version = changeSet.requiredVersion   // 2 when it names packs
         let encoder = JSONEncoder()
         encoder.outputFormatting = [.sortedKeys]
-        return try encoder.encode(self)
+        return try encoder.encode(part)
     }
 
     /// Decode and check part `index` of the snapshot of record `seq`: every

@@ -63,6 +63,12 @@ public protocol Store: Sendable {
     /// blob is `EIO`, never data.
     func fetchBlob(_ hash: String) throws -> Data
 
+    /// Bytes `offset ..< offset + count` of blob `hash` (a pack), NOT
+    /// verified: the caller checks them against the hash of the content
+    /// they hold (`fetchPacked`). A missing blob, or one shorter than the
+    /// range, is `EIO` naming it, as a missing blob is for `fetchBlob`.
+    func fetchBlobRange(_ hash: String, offset: UInt64, count: Int) throws -> Data
+
     /// A way to sleep until the container's journal may have grown, if the
     /// store has one cheaper than polling (nil: poll).
     func watchJournal(container: String) -> (any JournalWatcher)?
@@ -79,6 +85,12 @@ public protocol Store: Sendable {
     /// asking costs about as much as uploading (a small blob over a network).
     func needsUpload(_ hash: String, size: Int) throws -> Bool
 
+    /// Whether small files are pushed in packs (`PackLocation`): a store of
+    /// format 2 or later, which devices that read only format 1 refuse to
+    /// open, so that none of them ever meets a record naming a pack.
+    /// Default: false (every file a blob of its own, as in format 1).
+    var packsSmallContent: Bool { get }
+
     /// Whether the list of containers or a configuration may have changed
     /// since the last call: a cheap check (an S3 HEAD) before a full
     /// `containers()` (a LIST and a GET per container). Default: true.
@@ -91,8 +103,33 @@ extension Store {
     public var isReachable: Bool { true }
     public func containersMayHaveChanged() -> Bool { true }
     public var uploadConcurrency: Int { 1 }
+    public var packsSmallContent: Bool { false }
     public var downloadConcurrency: Int { 2 }
     public func needsUpload(_ hash: String, size: Int) throws -> Bool { try !holdsBlob(hash, size: size) }
+
+    /// Default: the whole blob, verified, then the range (a store that can
+    /// read a range alone does: a pread, an HTTP `Range` GET).
+    public func fetchBlobRange(_ hash: String, offset: UInt64, count: Int) throws -> Data {
+        let whole = try fetchBlob(hash)
+        guard offset <= UInt64(whole.count), UInt64(count) <= UInt64(whole.count) - offset else {
+            throw UbiquityError(EIO, "pack \(hash) in the store has \(whole.count) bytes, not the \(offset + UInt64(count)) a record says")
+        }
+        return whole.subdata(in: Int(offset)..<Int(offset) + count)
+    }
+
+    /// The content `contentHash` of `size` bytes stored at `location` in a
+    /// pack, verified against `contentHash`: a missing pack, a range beyond
+    /// its end or bytes that do not match are `EIO` naming the pack, never data.
+    public func fetchPacked(_ location: PackLocation, contentHash: String, size: UInt64) throws -> Data {
+        guard size < UInt64(PackLayout.memberLimit), location.offset <= UInt64(PackLayout.maxPackSize) - size else {
+            throw UbiquityError(EIO, "pack \(location.hash): bytes \(location.offset) + \(size) cannot be in a pack")
+        }
+        let data = try fetchBlobRange(location.hash, offset: location.offset, count: Int(size))
+        guard data.count == Int(size), ContentCopy.hash(of: data) == contentHash else {
+            throw UbiquityError(EIO, "pack \(location.hash) in the store is damaged: bytes \(location.offset) to \(location.offset + size) do not match content \(contentHash)")
+        }
+        return data
+    }
 
     /// Whether the store holds blob `hash` with exactly `size` bytes.
     public func holdsBlob(_ hash: String, size: Int) throws -> Bool {

@@ -15,9 +15,11 @@ public final class InMemoryStore: Store {
     }
 
     public let storeID = UUID().uuidString.lowercased()
+    /// As a store of format 2 (small files packed), unless made without.
+    public let packsSmallContent: Bool
     let state = Mutex(State())
 
-    public init() {}
+    public init(packsSmallContent: Bool = true) { self.packsSmallContent = packsSmallContent }
 
     public func containerConfig(_ container: String) throws -> ContainerConfig? {
         state.withLock { $0.configs[container] }
@@ -148,6 +150,7 @@ public final class FaultyStore: Store, CustomStringConvertible {
     public var description: String { base.locationDescription }
     public var locationDescription: String { base.locationDescription }
     public var isReachable: Bool { base.isReachable }
+    public var packsSmallContent: Bool { base.packsSmallContent }
     public enum Operation: Sendable, Hashable { case commit, journal, blobSize, putBlob, fetchBlob }
 
     let base: any Store
@@ -207,6 +210,11 @@ public final class FaultyStore: Store, CustomStringConvertible {
         try check(.fetchBlob)
         if let delay = delay.withLock({ $0 }) { Thread.sleep(forTimeInterval: delay) }
         return try base.fetchBlob(hash)
+    }
+    public func fetchBlobRange(_ hash: String, offset: UInt64, count: Int) throws -> Data {
+        try check(.fetchBlob)
+        if let delay = delay.withLock({ $0 }) { Thread.sleep(forTimeInterval: delay) }
+        return try base.fetchBlobRange(hash, offset: offset, count: count)
     }
 
     /// Refuse blobs larger than `bytes` with ENOSPC (a store with little room left), or nil.

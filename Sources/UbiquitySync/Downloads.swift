@@ -476,7 +476,8 @@ extension SyncEngine {
                 return
             }
         }
-        let data = try store.fetchBlob(hash)
+        // Unchunked content may be packed with other small files (Packs.swift).
+        let data = job.chunked ? try store.fetchBlob(hash) : try fetchContent(hash, size: UInt64(count))
         guard data.count == count else { throw UbiquityError(EIO, "blob \(hash) has the wrong size") }
         try data.withUnsafeBytes { raw in
             var done = 0

@@ -29,6 +29,10 @@ extension SyncEngine {
                 let after = replica.withNamespace { ns in ns.appliedSeq }
                 let records = try store.journal(container: container, after: after, limit: 256)
                 if records.isEmpty { break }
+                // Where packed content is, known before the replica records a node needing it.
+                try packs.record(records.reduce(into: [:]) { all, record in
+                    all.merge(PackIndex.locations(in: record.changeSet?.changes ?? [])) { $1 }
+                }, own: false)
                 for record in records {
                     let changed = replica.withNamespace { ns -> ReplicaChanges in
                         guard record.seq == ns.appliedSeq + 1 else { return ReplicaChanges() }

@@ -33,6 +33,10 @@ extension SyncEngine {
             do {
                 guard let record = try store.snapshot(container: container, seq: seq) else { continue }
                 let parts = try readParts(of: record)
+                // Where packed content is, known before any node needing it is recorded.
+                try packs.record(parts.reduce(into: [:]) { all, part in
+                    all.merge(PackIndex.locations(in: part.changeSet.changes)) { $1 }
+                }, own: false)
                 let changes = try replica.withNamespace { ns -> ReplicaChanges? in
                     guard Self.isNew(ns) else { return nil }
                     var all = ReplicaChanges()
@@ -152,7 +156,10 @@ extension SyncEngine {
         guard let captured else { return nil }
         var hashes: [String] = []
         var blobs: [(String, Data)] = []
-        for (index, part) in captured.parts.enumerated() {
+        for (index, var part) in captured.parts.enumerated() {
+            // A part says where packed content is, as a journal record does.
+            part.changeSet.changes = namingPacks(part.changeSet.changes)
+            part.changeSet.version = part.changeSet.requiredVersion
             try part.changeSet.validate(seq: captured.seq + 1)
             let data = try part.encoded()
             guard data.count <= ContentLayout.chunkSize else {
@@ -190,7 +197,8 @@ extension SyncEngine {
         func describe(_ node: LocalNode) {
             changes.append(.node(node.sharedState(hash: node.hash, size: node.hashSize, chunked: node.chunked)))
             if node.kind == .file, !node.author.isEmpty, RecordFormat.problem(deviceName: node.author) == nil { authors[node.id] = node.author }
-            bytes += 400 + (node.target?.utf8.count ?? 0) + node.xattrs.reduce(0) { $0 + $1.key.utf8.count + $1.value.count * 4 / 3 + 8 }
+            let mayBePacked = node.kind == .file && !node.chunked && node.hash != nil && node.hashSize < UInt64(PackLayout.memberLimit)
+            bytes += (mayBePacked ? 500 : 400) + (node.target?.utf8.count ?? 0) + node.xattrs.reduce(0) { $0 + $1.key.utf8.count + $1.value.count * 4 / 3 + 8 }
             nodes += 1
         }
         guard let root = ns.node(Namespace.rootIno) else { return ([], 0) }

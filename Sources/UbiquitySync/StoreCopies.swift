@@ -69,7 +69,11 @@ extension SyncEngine {
                 topMissing = true
                 problems.append("its chunk manifest \(hash.prefix(12))… is missing or damaged")
             }
+        } else if let pack = packs.location(of: hash), let packSize = try store.blobSize(pack.hash), packSize >= pack.offset + size {
+            // In a pack the store holds, long enough (its bytes are verified when read).
         } else {
+            // Not packed, or its pack is lost or cut short: a blob of its own
+            // must be there (put back below; downloads fall back to it).
             let stored = try store.blobSize(hash)
             if stored != size {
                 topMissing = true

@@ -67,6 +67,8 @@ public final class SyncEngine: Sendable {
     let snapshotInterval: UInt64
     /// The newest snapshot this device knows of (nil: not asked yet).
     let latestSnapshot = Mutex<UInt64?>(nil)
+    /// Where packed content is (`Packs.swift`).
+    let packs: PackIndex
 
     public init(replica: Replica, store: any Store, container: String, device: DeviceIdentity,
                 logger: Logger, writeBackDelay: Double = 0.2, cacheLimit: UInt64? = nil,
@@ -79,6 +81,7 @@ public final class SyncEngine: Sendable {
         self.writeBackDelay = writeBackDelay
         self.cacheLimit = cacheLimit
         self.snapshotInterval = snapshotInterval
+        self.packs = PackIndex(directory: replica.directory, logger: logger)
     }
 
     // MARK: - Lifecycle
@@ -303,6 +306,10 @@ public final class SyncEngine: Sendable {
         var chunked: Bool
         /// Blobs were written to the store (they must be flushed before the commit).
         var uploaded: Bool
+        /// Where the content is in a pack (nil: a blob of its own, or chunks).
+        var pack: PackLocation? = nil
+        /// Handed to the round's `PackWriter`: the location is known when it finishes.
+        var packing = false
     }
 
     /// One round of pushing. Returns whether anything was committed.
@@ -325,13 +332,23 @@ public final class SyncEngine: Sendable {
             }.map { ($0.ino, $0.contentGeneration) }
         }
         var snapshots: [UInt64: ContentSnapshot] = [:]
+        // Small files of this round go into packs (a few blobs, not one each).
+        let packer = contentCandidates.count > 1 && store.packsSmallContent ? PackWriter(store: store) : nil
         let uploads = Parallel.map(contentCandidates, width: store.uploadConcurrency) { [self] candidate in
-            Result { try uploadContent(ino: candidate.0, generation: candidate.1) }
+            Result { try uploadContent(ino: candidate.0, generation: candidate.1, packer: packer) }
         }
+        let packed = packer?.finish() ?? [:]
         var unreachable: (any Error)?
         for ((ino, generation), result) in zip(contentCandidates, uploads) {
             do {
-                if let snapshot = try result.get() {
+                if var snapshot = try result.get() {
+                    if snapshot.packing {
+                        switch packed[snapshot.hash] {
+                        case .success(let location)?: snapshot.pack = location
+                        case .failure(let error)?: throw error
+                        case nil: throw UbiquityError(EIO, "content \(snapshot.hash) was not packed")
+                        }
+                    }
                     snapshots[ino] = snapshot
                 }
                 uploadFailures.withLock { _ = $0.removeValue(forKey: ino) }
@@ -345,6 +362,11 @@ public final class SyncEngine: Sendable {
         if let unreachable { throw unreachable }
         forgetSettledUploadFailures()
         if snapshots.values.contains(where: \.uploaded) { try store.flushBlobs() }
+        // Known before the replica records the nodes (`settle`): a node whose
+        // content is packed never lacks its location.
+        var newLocations: [String: PackLocation] = [:]
+        for snapshot in snapshots.values { if let pack = snapshot.pack { newLocations[snapshot.hash] = pack } }
+        try packs.record(newLocations, own: true)
 
         while true {
             // Only what the index holds is pushed: this device never puts in
@@ -357,7 +379,7 @@ public final class SyncEngine: Sendable {
                 return true
             }
             let seq = batch.appliedSeq + 1
-            let changeSet = ChangeSet(device: device.id, deviceName: device.name, changes: batch.changes)
+            let changeSet = ChangeSet(device: device.id, deviceName: device.name, changes: namingPacks(batch.changes, known: newLocations))
             if try store.commit(container: container, seq: seq, changeSet: changeSet) {
                 trace("PUSH [\(device.name)] seq \(seq): \(batch.changes.map(ChangeApplier.describe))")
                 try settle(batch, seq: seq, snapshots: snapshots)
@@ -387,7 +409,9 @@ public final class SyncEngine: Sendable {
     /// snapshot torn by a write leaves only unreferenced chunks behind. Nil
     /// when the content changed during the snapshot: the next round retries.
     /// A snapshot kept records its hash as verified (`LocalNode.verifiedHash`).
-    func uploadContent(ino: UInt64, generation: UInt64) throws -> ContentSnapshot? {
+    /// Content under `PackLayout.memberLimit` goes to `packer` (when given)
+    /// unless the store holds it already, or this device knows it is packed.
+    func uploadContent(ino: UInt64, generation: UInt64, packer: PackWriter? = nil) throws -> ContentSnapshot? {
         guard let source = try? CacheFileReader(path: replica.cachePath(ino)) else { return nil }
         defer { source.close() }
         let chunkSize = ContentLayout.chunkSize
@@ -403,6 +427,19 @@ public final class SyncEngine: Sendable {
         if size <= chunkSize {
             guard let data = try source.read(at: 0, count: size), stillUnchanged() else { return nil }
             let hash = ContentCopy.hash(of: data)
+            if let packer, !data.isEmpty, data.count < PackLayout.memberLimit {
+                if let known = packs.location(of: hash, ownOnly: true) {
+                    return ContentSnapshot(ino: ino, generation: generation, hash: hash, size: UInt64(data.count),
+                                           chunked: false, uploaded: false, pack: known)
+                }
+                if try store.needsUpload(hash, size: data.count) {
+                    packer.add(hash, data)
+                    return ContentSnapshot(ino: ino, generation: generation, hash: hash, size: UInt64(data.count),
+                                           chunked: false, uploaded: true, packing: true)
+                }
+                return ContentSnapshot(ino: ino, generation: generation, hash: hash, size: UInt64(data.count),
+                                       chunked: false, uploaded: false)
+            }
             let upload = try store.needsUpload(hash, size: data.count)
             if upload { try store.putBlob(hash, data: data) }
             return ContentSnapshot(ino: ino, generation: generation, hash: hash, size: UInt64(data.count),

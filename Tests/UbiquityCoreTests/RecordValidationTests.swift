@@ -105,7 +105,7 @@ import Glibc
         let data = try changeSet.encodedRecord(seq: Self.seq)
         let decoded = try #require(JournalRecord(seq: Self.seq, data: data).changeSet)
         #expect(decoded.changes == changeSet.changes)
-        #expect(decoded.version == RecordFormat.version)
+        #expect(decoded.version == 1, "a record naming no pack is version 1 (every reader reads it)")
     }
 
     @Test func theWriterRefusesWhatReadersWouldRefuse() throws {
@@ -260,6 +260,59 @@ import Glibc
         #expect(Self.reason(Self.data(object))?.contains("node \(Self.fileID) is both described and deleted") == true)
     }
 
+    // MARK: - Packs (record version 2)
+
+    @Test func packLocationsAreChecked() throws {
+        let pack = ContentCopy.hash(of: Data("a pack".utf8))
+        func withPack(_ location: Any?, version: Int = 2, _ edit: (inout [String: Any]) -> Void = { _ in }) -> String? {
+            var object = Self.record()
+            object["version"] = version
+            var changes = object["changes"] as! [[String: Any]]
+            changes[0]["pack"] = location
+            edit(&changes[0])
+            object["changes"] = changes
+            return Self.reason(Self.data(object))
+        }
+        #expect(withPack(["hash": pack, "offset": 100]) == nil)
+        let decoded = try #require(JournalRecord(seq: Self.seq, data: {
+            var object = Self.record()
+            object["version"] = 2
+            var changes = object["changes"] as! [[String: Any]]
+            changes[0]["pack"] = ["hash": pack, "offset": 100]
+            object["changes"] = changes
+            return Self.data(object)
+        }()).changeSet)
+        guard case .node(let state) = decoded.changes[0] else { Issue.record("not a node"); return }
+        #expect(state.pack == PackLocation(hash: pack, offset: 100))
+        // A version 1 record cannot name packs (a version-1 reader would read the content as a blob).
+        #expect(withPack(["hash": pack, "offset": 100], version: 1)?.contains("record version 1 cannot name packs") == true)
+        #expect(withPack(["hash": "ABC", "offset": 0])?.contains("pack \"ABC\" is not 64 lower-case hex digits") == true)
+        #expect(withPack(["hash": pack, "offset": -1])?.contains("offset: -1 is negative") == true)
+        #expect(withPack(["hash": pack])?.contains("missing field") == true)
+        #expect(withPack(["hash": pack, "offset": UInt64(PackLayout.maxPackSize) - 4])?.contains("lie beyond the largest pack") == true)
+        #expect(withPack(["hash": pack, "offset": UInt64.max])?.contains("lie beyond the largest pack") == true)
+        #expect(withPack(["hash": pack, "offset": 0]) { $0["chunked"] = true }?.contains("only a file's unchunked content can be in a pack") == true)
+        #expect(withPack(["hash": pack, "offset": 0]) { $0["size"] = 1 << 20 }?.contains("cannot be in a pack") == true)
+        #expect(withPack(["hash": pack, "offset": 0]) { $0["size"] = 0; $0["hash"] = nil }?.contains("only a file's unchunked content") == true)
+        #expect(withPack("somewhere")?.contains("pack") == true)
+    }
+
+    @Test func aChangeSetNamingAPackIsWrittenAsVersionTwoOthersAsVersionOne() throws {
+        let state = NodeState(id: Self.fileID, kind: .file, mode: 0o644, uid: 1, gid: 1, size: 5, hash: Self.hash, target: nil, rdev: 0,
+                              mtime: Timespec(sec: 1, nsec: 0), ctime: Timespec(sec: 1, nsec: 0), btime: Timespec(sec: 1, nsec: 0),
+                              xattrs: [:], base: 0)
+        var packed = state
+        packed.pack = PackLocation(hash: ContentCopy.hash(of: Data("p".utf8)), offset: 7)
+        let plain = try ChangeSet(device: "d", deviceName: "d", changes: [.node(state)]).encodedRecord(seq: 1)
+        #expect(JournalRecord(seq: 1, data: plain).changeSet?.version == 1)
+        var changeSet = ChangeSet(device: "d", deviceName: "d", changes: [.node(state)])
+        changeSet.changes = [.node(packed)]   // changed after it was made: the writer still picks version 2
+        let data = try changeSet.encodedRecord(seq: 1)
+        let read = try #require(JournalRecord(seq: 1, data: data).changeSet)
+        #expect(read.version == 2)
+        #expect(read.changes == [.node(packed)])
+    }
+
     // MARK: - The record as a whole
 
     @Test func badRecords() {
@@ -268,7 +321,8 @@ import Glibc
             object[key] = value
             return Self.reason(Self.data(object))
         }
-        #expect(with("version", 2)?.contains("record version 2 is not supported (this ubiquityfs reads version 1)") == true)
+        #expect(with("version", 3)?.contains("record version 3 is not supported (this ubiquityfs reads versions 1 to 2)") == true)
+        #expect(with("version", 2) == nil, "version 2 reads (it may name packs)")
         #expect(with("version", "1")?.contains("version is not an integer") == true)
         #expect(with("changes", nil)?.contains("missing field changes") == true)
         #expect(with("changes", "none")?.contains("changes is not an array") == true)

@@ -283,6 +283,58 @@ func changeSet(_ device: String, _ n: Int = 0) -> ChangeSet {
             #expect(error.errno == EIO)
         }
     }
+
+    /// A pack is a blob; a member is read with a range and verified against
+    /// its own content hash; a damaged, short or missing pack is `EIO` naming it.
+    @Test(arguments: StoreKind.all) func packRangesAreReadAndVerified(kind: StoreKind) throws {
+        let s = try StoreUnderTest(kind)
+        defer { s.cleanUp() }
+        let members = (0..<20).map { i in Data("member \(i) ".utf8) + Data(repeating: UInt8(i), count: 1000 + 37 * i) }
+        var pack = Data()
+        var locations: [(PackLocation, String, UInt64)] = []
+        let placeholder = PackLocation(hash: String(repeating: "0", count: 64), offset: 0)
+        for member in members {
+            locations.append((PackLocation(hash: placeholder.hash, offset: UInt64(pack.count)), ContentCopy.hash(of: member), UInt64(member.count)))
+            pack.append(member)
+        }
+        let packHash = ContentCopy.hash(of: pack)
+        locations = locations.map { (PackLocation(hash: packHash, offset: $0.0.offset), $0.1, $0.2) }
+        try s.store.putBlob(packHash, data: pack)
+        try s.store.flushBlobs()
+        let reader = try s.reopen()
+        for (index, (location, hash, size)) in locations.enumerated() {
+            #expect(try reader.fetchPacked(location, contentHash: hash, size: size) == members[index])
+        }
+        #expect(try reader.fetchBlobRange(packHash, offset: 5, count: 10) == pack.subdata(in: 5..<15))
+        func expectEIO(naming name: String, _ body: () throws -> Data) {
+            do {
+                _ = try body()
+                Issue.record("read what it should have refused")
+            } catch let error as UbiquityError {
+                #expect(error.errno == EIO)
+                #expect(error.message.contains(name), "\(error.message)")
+            } catch {
+                Issue.record("\(error)")
+            }
+        }
+        // The wrong content hash for a range: refused, never served.
+        let (first, _, firstSize) = locations[0]
+        expectEIO(naming: packHash) { try reader.fetchPacked(first, contentHash: locations[1].1, size: firstSize) }
+        // Beyond the end of the pack.
+        let beyond = PackLocation(hash: packHash, offset: UInt64(pack.count) - 10)
+        expectEIO(naming: packHash) { try reader.fetchPacked(beyond, contentHash: locations[0].1, size: 100) }
+        // Damaged in the store: the member's bytes no longer match.
+        var damaged = pack
+        damaged[Int(locations[3].0.offset) + 1] ^= 0x55
+        try s.writeRaw("blobs/\(packHash.prefix(2))/\(packHash)", damaged)
+        expectEIO(naming: packHash) { try reader.fetchPacked(locations[3].0, contentHash: locations[3].1, size: locations[3].2) }
+        // Cut short: the last member is gone.
+        try s.writeRaw("blobs/\(packHash.prefix(2))/\(packHash)", pack.prefix(Int(locations[19].0.offset) + 3))
+        expectEIO(naming: packHash) { try reader.fetchPacked(locations[19].0, contentHash: locations[19].1, size: locations[19].2) }
+        // Missing: like a missing blob.
+        let missing = PackLocation(hash: ContentCopy.hash(of: Data("no such pack".utf8)), offset: 0)
+        expectEIO(naming: missing.hash) { try reader.fetchPacked(missing, contentHash: locations[0].1, size: locations[0].2) }
+    }
 }
 
 /// What only the S3 store has to get right.

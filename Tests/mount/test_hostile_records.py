@@ -266,6 +266,12 @@ def test_bad_fields_are_quarantined(make_device, store):
         ("base not earlier", "is not an earlier record", new_file_named("base", base=10**9)),
         ("bad device name", "device name contains a control character",
          record(node(id), entry("devname", id), deviceName="evil\x1b[2J")),
+        ("pack beyond 4 MiB", "lie beyond the largest pack",
+         record(node(new_id(), size=5, hash="a" * 64, pack={"hash": "b" * 64, "offset": 4 * 2**20 - 2}), version=2)),
+        ("pack in a version 1 record", "record version 1 cannot name packs",
+         record(node(new_id(), size=5, hash="a" * 64, pack={"hash": "b" * 64, "offset": 0}))),
+        ("pack on a chunked file", "only a file's unchunked content can be in a pack",
+         record(node(new_id(), size=5, hash="a" * 64, chunked=True, pack={"hash": "b" * 64, "offset": 0}), version=2)),
     ])
 
 
@@ -279,7 +285,7 @@ def test_damaged_records_are_quarantined_and_logged_once(make_device, store):
         ("invalid JSON", "not valid JSON", b"this is not JSON at all"),
         ("truncated JSON", "not valid JSON", valid[: len(valid) // 2]),
         ("empty file", "not valid JSON", b""),
-        ("record version 2", "record version 2 is not supported", record(node(id), entry("v2", id), version=2)),
+        ("record version 3", "record version 3 is not supported", record(node(id), entry("v3", id), version=3)),
         ("not an object", "not a JSON object", b"[1, 2, 3]"),
         ("missing changes", "missing field changes", record(changes=None)),
     ]:
