@@ -7,7 +7,7 @@ Tests/mount/test_partition.py (Tests/mount/partition.py).
         --seeds 1-20 --rounds 10 --devices 2,3
     python3 bench/partition_campaign.py --store s3 --online-faults --seeds 1-20 --rounds 6
 
---store s3 starts a SeaweedFS (Tests/servers/s3servers.py) in WORKDIR/s3server
+--store s3 starts a SeaweedFS (--s3-server ceph: a Ceph RGW; Tests/servers/s3servers.py) in WORKDIR/s3server
 and stops it by PID at the end, whatever happens; every (seed, device count)
 gets a fresh prefix in its bucket and every device its own fault proxy (a cut
 device gets 5xx for everything).  --online-faults (S3 only) keeps some devices
@@ -66,6 +66,8 @@ def main() -> int:
     ap.add_argument("--quiet", action="store_true", help="no line per round")
     ap.add_argument("--store", choices=("folder", "s3"), default="folder",
                     help="folder (default) or s3: a SeaweedFS started in WORKDIR/s3server")
+    ap.add_argument("--s3-server", choices=("seaweedfs", "ceph"), default="seaweedfs",
+                    help="the S3 server --store s3 starts (default seaweedfs)")
     ap.add_argument("--online-faults", action="store_true",
                     help="S3 only: faults while online (some devices during the operations, all while reconnecting)")
     ap.add_argument("--fault-rates", default="",
@@ -100,8 +102,8 @@ def main() -> int:
 
     signal.signal(signal.SIGTERM, on_term)
     try:
-        server = s3servers.start("seaweedfs", server_dir)
-        print(f"S3: SeaweedFS at {server['endpoint']}, bucket {server['bucket']}, pids {server['pids']} "
+        server = s3servers.start(args.s3_server, server_dir)
+        print(f"S3: {args.s3_server} at {server['endpoint']}, bucket {server['bucket']}, pids {server['pids']} "
               f"(data in {server_dir})", flush=True)
         os.environ["AWS_ACCESS_KEY_ID"] = server["access_key"]
         os.environ["AWS_SECRET_ACCESS_KEY"] = server["secret_key"]

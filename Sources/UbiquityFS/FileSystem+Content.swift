@@ -280,7 +280,8 @@ extension FileSystem {
     }
 
     /// `close(2)` of one file descriptor: what was written is committed and
-    /// acknowledged.
+    /// acknowledged. A reader's descriptor has nothing to acknowledge (the
+    /// FUSE adapter opens those with FOPEN_NOFLUSH, so the kernel never asks).
     public func flush(handle: UInt64) throws {
         let file = try openFileFor(handle)
         guard file.writable else { return }

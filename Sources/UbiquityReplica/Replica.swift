@@ -37,6 +37,8 @@ import Glibc
 public final class Replica: Sendable {
     public let directory: URL
     public let cacheDirectory: URL
+    /// `cacheDirectory.path`, computed once (every open builds a cache path).
+    let cacheDirectoryPath: String
     let index: Index
     let log: OperationLog
     let applier: IndexApplier
@@ -56,6 +58,7 @@ public final class Replica: Sendable {
     public init(directory: URL, rootOwner: (uid: UInt32, gid: UInt32)) throws {
         self.directory = directory
         cacheDirectory = directory.appendingPathComponent("cache")
+        cacheDirectoryPath = cacheDirectory.path
         let fm = FileManager.default
         do {
             try fm.createDirectory(at: directory, withIntermediateDirectories: true)
@@ -376,11 +379,15 @@ public final class Replica: Sendable {
     /// together, which matters when creating thousands of small files), and no
     /// directory grows past 4096 entries.
     static func cachePath(_ cacheDirectory: URL, _ ino: UInt64) -> String {
-        cacheDirectory.path + "/" + String(ino >> 12, radix: 16) + "/" + String(ino)
+        cachePath(cacheDirectory.path, ino)
+    }
+
+    static func cachePath(_ cacheDirectoryPath: String, _ ino: UInt64) -> String {
+        cacheDirectoryPath + "/" + String(ino >> 12, radix: 16) + "/" + String(ino)
     }
 
     /// The cache file holding the content of `ino`.
-    public func cachePath(_ ino: UInt64) -> String { Self.cachePath(cacheDirectory, ino) }
+    public func cachePath(_ ino: UInt64) -> String { Self.cachePath(cacheDirectoryPath, ino) }
 
     /// Create (or truncate) the cache file of `ino`, open for reading and writing.
     public func createCacheFile(_ ino: UInt64) throws -> Int32 {

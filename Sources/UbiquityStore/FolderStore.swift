@@ -40,6 +40,9 @@ public final class FolderStore: Store {
     }
 
     public let root: URL
+    /// `root/blobs` as a path: blob paths are built as strings, since
+    /// `URL.appendingPathComponent` stats each component it appends.
+    let blobsPath: String
     public let storeID: String
     /// The format in the marker (1 or 2; 0 while it was never read: a store
     /// opened unreachable), read again with the marker.
@@ -65,6 +68,7 @@ public final class FolderStore: Store {
     /// existing private store is then refused (the marker decides).
     public init(root: URL, create: Bool, initializeEmpty: Bool, shared: Bool = false) throws {
         self.root = root.standardizedFileURL
+        blobsPath = self.root.path + "/blobs"
         let fm = FileManager.default
         let markerURL = self.root.appendingPathComponent(Self.markerName)
         var isDir: ObjCBool = false
@@ -154,6 +158,7 @@ public final class FolderStore: Store {
     /// are back. The mount works offline meanwhile.
     public init(unreachableAt root: URL, storeID: String) {
         self.root = root.standardizedFileURL
+        blobsPath = self.root.path + "/blobs"
         self.storeID = storeID
         sharedFlag = Atomic(false)
         formatFlag = Atomic(0)
@@ -184,8 +189,11 @@ public final class FolderStore: Store {
         let digits = String(seq)
         return String(repeating: "0", count: max(0, 16 - digits.count)) + digits
     }
+    func blobPath(_ hash: String) -> String {
+        blobsPath + "/" + hash.prefix(2) + "/" + hash
+    }
     func blobURL(_ hash: String) -> URL {
-        root.appendingPathComponent("blobs").appendingPathComponent(String(hash.prefix(2))).appendingPathComponent(hash)
+        URL(fileURLWithPath: blobPath(hash), isDirectory: false)
     }
 
     func checkReachable() throws {
@@ -343,7 +351,7 @@ public final class FolderStore: Store {
     public func blobSize(_ hash: String) throws -> UInt64? {
         try checkReachableForBlobs()
         var st = stat()
-        guard stat(blobURL(hash).path, &st) == 0 else {
+        guard stat(blobPath(hash), &st) == 0 else {
             let code = errno
             if code == ENOENT || code == ENOTDIR { return nil }
             throw UbiquityError(EIO, "stat blob \(hash): \(String(cString: strerror(code)))")
@@ -385,7 +393,7 @@ public final class FolderStore: Store {
     /// One `pread` of the range (the caller verifies what it holds).
     public func fetchBlobRange(_ hash: String, offset: UInt64, count: Int) throws -> Data {
         try checkReachable()
-        let fd = open(blobURL(hash).path, O_RDONLY | O_CLOEXEC)
+        let fd = open(blobPath(hash), O_RDONLY | O_CLOEXEC)
         guard fd >= 0 else {
             let code = errno
             throw UbiquityError(EIO, "pack \(hash) missing from the store: \(String(cString: strerror(code)))")
@@ -408,7 +416,7 @@ public final class FolderStore: Store {
 
     public func fetchBlob(_ hash: String) throws -> Data {
         try checkReachableForBlobs()
-        let path = blobURL(hash).path
+        let path = blobPath(hash)
         let fd = open(path, O_RDONLY | O_CLOEXEC)
         guard fd >= 0 else {
             let code = errno

@@ -71,6 +71,8 @@ final class PackIndex: Sendable {
                                           PRIMARY KEY(hash, pack, offset)) WITHOUT ROWID
         """
     static let best = "SELECT pack, offset FROM packed WHERE hash = ? ORDER BY own DESC, seen DESC"
+    static let bestOne = best + " LIMIT 1"
+    static let ownOne = "SELECT pack, offset FROM packed WHERE hash = ? AND own = 1 ORDER BY seen DESC LIMIT 1"
 
     static func location(_ row: Row) -> PackLocation {
         PackLocation(hash: row["pack"], offset: UInt64(bitPattern: row["offset"] as Int64))
@@ -79,9 +81,9 @@ final class PackIndex: Sendable {
     /// The best location of content `hash` (see the type), or with `ownOnly`
     /// one this device stored itself.
     func location(of hash: String, ownOnly: Bool = false) -> PackLocation? {
+        // Asked once per pushed file: a prepared statement, not SQL compiled each time.
         try? db.read { db in
-            try Row.fetchOne(db, sql: ownOnly ? Self.best.replacingOccurrences(of: "hash = ?", with: "hash = ? AND own = 1") : Self.best + " LIMIT 1",
-                             arguments: [hash]).map(Self.location)
+            try Row.fetchOne(db.cachedStatement(sql: ownOnly ? Self.ownOne : Self.bestOne), arguments: [hash]).map(Self.location)
         }
     }
 
@@ -94,7 +96,7 @@ final class PackIndex: Sendable {
         let wanted = Set(hashes)
         return (try? db.read { db -> [String: PackLocation] in
             var out: [String: PackLocation] = [:]
-            let statement = try db.cachedStatement(sql: Self.best + " LIMIT 1")
+            let statement = try db.cachedStatement(sql: Self.bestOne)
             for hash in wanted {
                 if let row = try Row.fetchOne(statement, arguments: [hash]) { out[hash] = Self.location(row) }
             }
