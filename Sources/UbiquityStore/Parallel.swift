@@ -13,8 +13,12 @@ public enum Parallel {
         let next = Atomic<Int>(0)
         let workers = min(width, items.count)
         let done = DispatchSemaphore(value: 0)
+        // Helpers of background work (the pusher's uploads) are background
+        // work too: they must not compete with the programs using the mount.
+        let lowered = LinuxCalls.threadIsLowered
         for _ in 0..<workers {
             let thread = Thread {
+                if lowered { LinuxCalls.lowerThreadPriority() }
                 while true {
                     let index = next.add(1, ordering: .relaxed).oldValue
                     guard index < items.count else { break }

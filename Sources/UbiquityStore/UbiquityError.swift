@@ -90,4 +90,10 @@ public enum LinuxCalls {
         setpriority(__priority_which_t(PRIO_PROCESS.rawValue), id_t(tid), 10)
         _ = ubq_ioprio_lowest(tid)
     }
+
+    /// Whether the calling thread does background work (`lowerThreadPriority`).
+    public static var threadIsLowered: Bool {
+        errno = 0
+        return getpriority(__priority_which_t(PRIO_PROCESS.rawValue), id_t(ubq_gettid())) >= 10
+    }
 }
