@@ -1131,17 +1131,22 @@ def test_edits_read_on_the_other_device_while_they_arrive_never_stall(make_devic
 # --------------------------------------------------------------------------
 
 
+def s3_bucket(store):
+    """A boto3 client of the test S3 server, the bucket and the store's key prefix (ending in /)."""
+    import boto3
+    from conftest import s3_server
+    server = s3_server()
+    client = boto3.client("s3", endpoint_url=store.endpoint, region_name=store.region,
+                          aws_access_key_id=server["access_key"], aws_secret_access_key=server["secret_key"])
+    bucket, _, prefix = str(store)[len("s3://"):].partition("/")
+    return client, bucket, prefix.rstrip("/") + "/"
+
+
 def store_objects(store) -> dict[str, callable]:
     """Raw access to what a store holds: `keys(part)` lists the keys (paths
     relative to the store) with `/part/` in them, `put(key, data)` replaces one."""
     if isinstance(store, S3StoreRef):
-        import boto3
-        from conftest import s3_server
-        server = s3_server()
-        client = boto3.client("s3", endpoint_url=store.endpoint, region_name=store.region,
-                              aws_access_key_id=server["access_key"], aws_secret_access_key=server["secret_key"])
-        bucket, _, prefix = str(store)[len("s3://"):].partition("/")
-        prefix = prefix.rstrip("/") + "/"
+        client, bucket, prefix = s3_bucket(store)
 
         def keys(part):
             out = []
@@ -1215,13 +1220,8 @@ def test_a_new_device_starts_from_a_snapshot(make_device, store):
 def blob_objects(store) -> list[str]:
     """The blob objects a store holds (file content, packs, manifests, snapshot parts)."""
     if isinstance(store, S3StoreRef):
-        import boto3
-        from conftest import s3_server
-        server = s3_server()
-        client = boto3.client("s3", endpoint_url=store.endpoint, region_name=store.region,
-                              aws_access_key_id=server["access_key"], aws_secret_access_key=server["secret_key"])
-        bucket, _, prefix = str(store)[len("s3://"):].partition("/")
-        prefix = prefix.rstrip("/") + "/blobs/"
+        client, bucket, prefix = s3_bucket(store)
+        prefix += "blobs/"
         out = []
         for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix):
             out += [o["Key"] for o in page.get("Contents", [])]
