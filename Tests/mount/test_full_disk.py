@@ -256,6 +256,11 @@ def check_journal_complete(store: Path) -> None:
             digest = change.get("hash") if change.get("op") == "node" else None
             if not digest:
                 continue
+            if change.get("pack"):
+                # Small content packed with others: its pack blob must be there.
+                pack = change["pack"]["hash"]
+                assert blob_path(store, pack).exists(), f"{record.name} names pack {pack}, which the store lacks"
+                continue
             path = blob_path(store, digest)
             assert path.exists(), f"{record.name} names blob {digest}, which the store lacks"
             if change.get("chunked"):
