@@ -182,6 +182,33 @@ def pid_alive(pid):
         return False
 
 
+def cpu_seconds(pid):
+    """User + system CPU time of `pid` so far, None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def wait_quiet(targets, timeout=120.0, window=0.5, busy=0.03):
+    """Wait until no target's daemon uses more than `busy` of a CPU over
+    `window` seconds: background work one target still does after a workload
+    (ubiquityfs pushing what it made and what the cleanup removed) must not
+    run during the next workload, on that target or on another."""
+    pids = [t.pid for t in targets if t.pid is not None]
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        before = [cpu_seconds(p) for p in pids]
+        time.sleep(window)
+        after = [cpu_seconds(p) for p in pids]
+        if all(a is None or b is None or (a - b) / window <= busy for b, a in zip(before, after)):
+            return time.monotonic() - t0
+    warn(f"daemons still busy after {timeout:.0f}s; measuring anyway")
+    return time.monotonic() - t0
+
+
 def wait_until(pred, timeout, step=0.05):
     end = time.monotonic() + timeout
     while time.monotonic() < end:
@@ -1184,7 +1211,8 @@ def main(argv=None):
                         continue  # rclone failed in an earlier workload
                     t = targets[n]
                     d = os.path.join(t.root, f"{wl}-{rep}")
-                    log(f"{wl} [{rep + 1}/{reps}] on {n}")
+                    waited = wait_quiet(targets.values())
+                    log(f"{wl} [{rep + 1}/{reps}] on {n} (daemons quiet after {waited:.1f}s)")
                     try:
                         r = WORKLOADS[wl](t, d, cfg, pool)
                         t.check_alive()

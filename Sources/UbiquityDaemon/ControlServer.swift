@@ -48,9 +48,7 @@ final class ControlServer: Sendable {
     }
 
     func start() {
-        let thread = Thread { [self] in acceptLoop() }
-        thread.name = "ubiquityfs-control"
-        thread.start()
+        Thread.run(named: "ubq-control") { [self] in acceptLoop() }
     }
 
     func acceptLoop() {
@@ -62,14 +60,13 @@ final class ControlServer: Sendable {
             }
             _ = fcntl(client, F_SETFD, FD_CLOEXEC)
             let connection = ControlConnection(fd: client)
-            let thread = Thread { [self] in
+            Thread.run(named: "ubq-request") { [self] in
                 if let command = connection.readRequest() {
                     handler(command, connection)
                 } else {
                     connection.close()
                 }
             }
-            thread.start()
         }
     }
 

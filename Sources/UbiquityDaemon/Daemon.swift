@@ -324,7 +324,7 @@ package final class Daemon: @unchecked Sendable {
         _ = fcntl(fds[1], F_SETFD, FD_CLOEXEC)
         guard LinuxCalls.forwardShutdownSignals(to: fds[1]) else { throw UbiquityError.posix("sigaction") }
         let reader = fds[0]
-        let thread = Thread { [self] in
+        Thread.run(named: "ubq-signals") { [self] in
             var byte: UInt8 = 0
             while true {
                 let n = read(reader, &byte, 1)
@@ -333,8 +333,6 @@ package final class Daemon: @unchecked Sendable {
                 stopAll(reason: "signal \(byte)")
             }
         }
-        thread.name = "ubiquityfs-signals"
-        thread.start()
     }
 
     // MARK: - Containers
@@ -508,14 +506,12 @@ package final class Daemon: @unchecked Sendable {
     }
 
     func startDriveRefresher() {
-        let thread = Thread { [self] in
+        Thread.run(named: "ubq-drive") { [self] in
             while !state.withLock({ $0.stopping }) {
                 Thread.sleep(forTimeInterval: settings.pollInterval)
                 for mount in state.withLock({ Array($0.mounts.values) }) where mount.drive != nil { refreshDrive(mount) }
             }
         }
-        thread.name = "ubiquityfs-drive"
-        thread.start()
     }
 
     /// `UBIQUITYFS_FAULTS=fetch-delay=SECONDS` makes every blob fetch slow —

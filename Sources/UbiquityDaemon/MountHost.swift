@@ -88,9 +88,7 @@ final class MountHost: @unchecked Sendable {
             throw error
         }
         control?.start()
-        let thread = Thread { [self] in serve() }
-        thread.name = "ubiquityfs-fuse"
-        thread.start()
+        Thread.run(named: "ubq-fuse") { [self] in serve() }
         logger.info("mounted \(label) at \(mountpoint)")
     }
 
@@ -376,17 +374,28 @@ final class MountHost: @unchecked Sendable {
         var reachable = true
         for host in hosts {
             let engine = host.engine
-            let paths = engine.items().map(\.path)
             // The Documents folder itself is in neither scope; the drive's own
             // container is all documents (its whole tree is the user's).
             let isDriveRoot = drive != nil && host === hosts[0]
+            // Counted in place: no record is made (a million items would
+            // cost the daemon hundreds of MiB for a moment).
+            var items = 0, documentsItems = 0, dataItems = 0
+            _ = engine.scanItems(status: false) { item in
+                items += 1
+                if QueryService.inScopes(directory: item.directory, name: item.fileName, [.documents]) {
+                    documentsItems += 1
+                } else if QueryService.inScopes(directory: item.directory, name: item.fileName, [.data]) {
+                    dataItems += 1
+                }
+                return false
+            }
             let pending = host.replica.withNamespace { ns in ns.pendingSummary() }
             let downloads = engine.downloadSummary()
             let folder = isDriveRoot ? "/" : folders.first(where: { $0.containerID == host.id })?.name.description
             perContainer.append(ContainerStatus(
-                id: host.id, folder: folder, items: paths.count,
-                documentsItems: isDriveRoot ? paths.count : paths.filter { QueryService.inScopes($0, [.documents]) }.count,
-                dataItems: isDriveRoot ? 0 : paths.filter { QueryService.inScopes($0, [.data]) }.count,
+                id: host.id, folder: folder, items: items,
+                documentsItems: isDriveRoot ? items : documentsItems,
+                dataItems: isDriveRoot ? 0 : dataItems,
                 pendingItems: pending.items, pendingBytes: pending.bytes,
                 downloadingItems: downloads.items, downloadingBytes: downloads.bytes,
                 cachedBytes: engine.cacheUsage()))

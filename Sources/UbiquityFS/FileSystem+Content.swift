@@ -215,7 +215,7 @@ extension FileSystem {
                                                        streamingSize: streaming?.size, streamingVersion: streaming?.version)
             return handle
         }
-        return OpenReply(handle: handle, keepCache: keepCache)
+        return OpenReply(handle: handle, keepCache: keepCache, acknowledgedWithoutFlush: !writable)
     }
 
     /// One writer of `ino` is gone. The last one acknowledges what was
@@ -280,8 +280,8 @@ extension FileSystem {
     }
 
     /// `close(2)` of one file descriptor: what was written is committed and
-    /// acknowledged. A reader's descriptor has nothing to acknowledge (the
-    /// FUSE adapter opens those with FOPEN_NOFLUSH, so the kernel never asks).
+    /// acknowledged. Readers and new files have nothing to acknowledge here
+    /// (`OpenReply.acknowledgedWithoutFlush`: the kernel never asks).
     public func flush(handle: UInt64) throws {
         let file = try openFileFor(handle)
         guard file.writable else { return }

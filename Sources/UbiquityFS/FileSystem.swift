@@ -333,12 +333,8 @@ public final class FileSystem: Sendable {
     /// a reserved inode number) and its descriptor returned, open read-write.
     /// The node is committed before this returns; if it cannot be, nothing
     /// of it is left (the cache file is removed).
-    ///
-    /// `create` passes `staged: true`: the file is committed with its
-    /// content at `close` (a file never closed is not acknowledged data; see
-    /// `Replica.stage`).
     func makeNode(parent: UInt64, name: FileName, kind: NodeKind, mode: UInt32, caller: Caller,
-                  rdev: UInt64 = 0, target: String? = nil, staged: Bool = false) throws -> (node: LocalNode, fd: Int32?) {
+                  rdev: UInt64 = 0, target: String? = nil) throws -> (node: LocalNode, fd: Int32?) {
         try Self.checkName(name)
         let parent = view.swap(parent)
         var reserved: UInt64?
@@ -350,7 +346,7 @@ public final class FileSystem: Sendable {
         }
         let node: LocalNode
         do {
-            func body(_ ns: inout Namespace) throws -> LocalNode {
+            node = try change(.grows) { ns -> LocalNode in
                 guard let dir = ns.node(parent) else { throw UbiquityError(ENOENT) }
                 guard dir.kind == .directory, !dir.unlinked else { throw UbiquityError(dir.unlinked ? ENOENT : ENOTDIR) }
                 try checkPlacement(parent: parent, name: name, directoryHeight: kind == .directory ? 1 : nil, in: ns)
@@ -370,7 +366,6 @@ public final class FileSystem: Sendable {
                 ns.updateRuntime(ino) { $0.lookups += 1 }
                 return ns.node(ino)!
             }
-            node = staged ? try replica.stage(body) : try change(.grows, body)
         } catch {
             if let fd, let reserved {
                 close(fd)
@@ -398,13 +393,19 @@ public final class FileSystem: Sendable {
         return entryReply(try makeNode(parent: parent, name: name, kind: .symlink, mode: 0o777, caller: caller, target: target).node)
     }
 
+    /// Create and open a new file. Its `close` needs no round trip
+    /// (`OpenReply.acknowledgedWithoutFlush`): the node is committed here,
+    /// and what is written to it later is in its cache file, which the
+    /// replica trusts after a crash for content it has not pushed
+    /// (`Replica.recover`). A new file has no pushed version to protect.
     public func create(parent: UInt64, name: FileName, mode: UInt32, flags: Int32, caller: Caller) throws -> (EntryReply, OpenReply) {
-        let made = try makeNode(parent: parent, name: name, kind: .file, mode: mode, caller: caller, staged: true)
+        let made = try makeNode(parent: parent, name: name, kind: .file, mode: mode, caller: caller)
         let writable = flags & O_ACCMODE != O_RDONLY
-        guard let opened = register(ino: made.node.ino, fd: made.fd!, writable: writable) else {
+        guard var opened = register(ino: made.node.ino, fd: made.fd!, writable: writable) else {
             close(made.fd!)
             throw UbiquityError(ENOENT)
         }
+        opened.acknowledgedWithoutFlush = true
         return (entryReply(made.node), opened)
     }
 

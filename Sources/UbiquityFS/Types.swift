@@ -67,6 +67,16 @@ public struct OpenReply: Sendable {
     public var handle: UInt64
     /// Keep the kernel's page cache from the previous open (content unchanged since).
     public var keepCache: Bool
+    /// Nothing to acknowledge at `close` (`flush`): a reader, or a file
+    /// whose writes are kept as they are made (`FileSystem.create`). The
+    /// kernel then skips the FLUSH round trip (FOPEN_NOFLUSH).
+    public var acknowledgedWithoutFlush = false
+
+    public init(handle: UInt64, keepCache: Bool, acknowledgedWithoutFlush: Bool = false) {
+        self.handle = handle
+        self.keepCache = keepCache
+        self.acknowledgedWithoutFlush = acknowledgedWithoutFlush
+    }
 }
 
 /// What a read answers: a range of a local file (sent with splice, no copy

@@ -237,9 +237,7 @@ func makeOperations() -> fuse_lowlevel_ops {
             let opened = try ctx.fs.open(ino: UInt64(ino), flags: flags)
             fi.pointee.fh = opened.handle
             ubq_fi_set_keep_cache(fi, opened.keepCache ? 1 : 0)
-            // A reader's `close` has nothing to acknowledge (see `flush`): the
-            // kernel skips the FLUSH round trip (FOPEN_NOFLUSH).
-            ubq_fi_set_noflush(fi, flags & O_ACCMODE == O_RDONLY ? 1 : 0)
+            ubq_fi_set_noflush(fi, opened.acknowledgedWithoutFlush ? 1 : 0)
             if fuse_reply_open(req, fi) == -ENOENT {
                 // The request was interrupted: nobody will release this handle.
                 try? ctx.fs.release(handle: opened.handle)
@@ -257,6 +255,7 @@ func makeOperations() -> fuse_lowlevel_ops {
                                                     flags: flags, caller: FUSEContext.caller(req))
             fi.pointee.fh = opened.handle
             ubq_fi_set_keep_cache(fi, opened.keepCache ? 1 : 0)
+            ubq_fi_set_noflush(fi, opened.acknowledgedWithoutFlush ? 1 : 0)
             var e = Convert.entry(entry)
             if fuse_reply_create(req, &e, fi) == -ENOENT {
                 try? ctx.fs.release(handle: opened.handle)

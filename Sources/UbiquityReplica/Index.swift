@@ -183,8 +183,14 @@ final class Index: Sendable {
     }
 
     /// Rebuild the in-memory namespace from the index.
+    ///
+    /// Nodes first, then entries (which set each linked node's last name,
+    /// and count links), then the last names of nodes no entry names: a
+    /// last name is held as a reference to its entry's bytes where there is
+    /// one (`NodeStore`), so it is set once the entries are in.
     func load() throws -> Namespace {
         var ns = Namespace()
+        let store = ns.storeForWriting()
         try db.read { db in
             let decoder = JSONDecoder()
             let rows = try Row.fetchCursor(db, sql: "SELECT * FROM node")
@@ -217,13 +223,12 @@ final class Index: Sendable {
                 n.verifiedHash = row["verified_hash"]
                 n.unacknowledgedWrites = row["unacknowledged"] as Bool? ?? false
                 n.lastParent = UInt64(bitPattern: row["last_parent"])
-                n.lastName = FileName(bytes: Array(row["last_name"] as Data))
                 if let conflicts = row["conflicts"] as String? { n.conflicts = conflicts.split(separator: "\n").map(String.init) }
                 n.nlink = 0
-                ns.nodes[ino] = n
-                ns.inoByID[n.id] = ino
+                store.set(n)
+                store.setIno(ino, forID: n.storedID)
                 if n.hasUnpushedMetadata || n.hasUnpushedContent { ns.unpushed.insert(ino) }
-                if kind == .directory { ns.children[ino] = [:] }
+                if kind == .directory { store.setDirectory(ino, Directory()) }
                 ns.nextIno = max(ns.nextIno, ino + 1)
                 ns.changeCounter = max(ns.changeCounter, n.change)
             }
@@ -231,21 +236,38 @@ final class Index: Sendable {
             while let row = try entries.next() {
                 let parent = UInt64(bitPattern: row[0])
                 let child = UInt64(bitPattern: row[2])
-                guard ns.nodes[parent] != nil, ns.nodes[child] != nil else { continue }
+                guard store.contains(parent), var node = store.node(child) else { continue }
                 let name = FileName(bytes: Array(row[1] as Data))
-                ns.children[parent, default: [:]][name] = DirEntry(ino: child, cookie: ns.nextCookie)
-                ns.nodes[child]!.lastParent = parent
-                ns.nodes[child]!.lastName = name
+                store.setEntry(parent, name, DirEntry(ino: child, cookie: ns.nextCookie))
+                node.lastParent = parent
+                node.lastName = name
                 ns.nextCookie += 1
-                if ns.nodes[child]!.kind == .directory {
-                    ns.nodes[parent]!.nlink += 1
+                if node.kind == .directory {
+                    store.set(node)
+                    if var up = store.node(parent) {
+                        up.nlink += 1
+                        store.set(up)
+                    }
                     ns.directoryParent[child] = parent
                 } else {
-                    ns.nodes[child]!.nlink += 1
+                    node.nlink += 1
+                    store.set(node)
                 }
             }
-            for (ino, node) in ns.nodes where node.kind == .directory {
-                ns.nodes[ino]!.nlink += 2
+            for dir in store.dirs.keys where store.kind(of: dir) == .directory {
+                if var node = store.node(dir) {
+                    node.nlink += 2
+                    store.set(node)
+                }
+            }
+            // The last names of the nodes no entry names (unlinked ones).
+            let names = try Row.fetchCursor(db, sql: "SELECT ino, last_name FROM node")
+            while let row = try names.next() {
+                let ino = UInt64(bitPattern: row[0])
+                let bytes = row[1] as Data
+                guard !bytes.isEmpty, var node = store.node(ino), node.lastName.isEmpty else { continue }
+                node.lastName = FileName(bytes: Array(bytes))
+                store.set(node)
             }
             // `SELECT *`: a read-only open of an index not migrated yet has no `base`.
             let pending = try Row.fetchCursor(db, sql: "SELECT * FROM pending_entry")

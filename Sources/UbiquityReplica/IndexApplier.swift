@@ -24,7 +24,8 @@ final class IndexApplier: @unchecked Sendable {
     let idle: @Sendable () -> Void
     /// Guards the fields below.
     let condition = NSCondition()
-    var queue: [OperationLog.Record] = []
+    /// Records appended and not yet in SQLite, kept encoded (decoded by the thread).
+    var queue: [OperationLog.Encoded] = []
     var appliedSeq: UInt64
     var stopping = false
     var failure: String?
@@ -39,12 +40,10 @@ final class IndexApplier: @unchecked Sendable {
         self.index = index
         self.appliedSeq = appliedSeq
         self.idle = idle
-        let thread = Thread { [self] in run() }
-        thread.name = "ubiquityfs-index"
-        thread.start()
+        Thread.run(named: "ubq-index") { [self] in run() }
     }
 
-    func enqueue(_ record: OperationLog.Record) {
+    func enqueue(_ record: OperationLog.Encoded) {
         condition.lock()
         queue.append(record)
         // Only the first record wakes the thread; it then gathers the others.
@@ -101,19 +100,20 @@ final class IndexApplier: @unchecked Sendable {
             var count = 0
             var taken = 0
             for record in queue {
-                if taken > 0 && count + record.ops.count > Self.batchLimit { break }
-                count += record.ops.count
+                if taken > 0 && count + record.opCount > Self.batchLimit { break }
+                count += record.opCount
                 taken += 1
             }
             let batch = Array(queue.prefix(taken))
             condition.unlock()
 
-            var ops: [IndexOp] = []
-            ops.reserveCapacity(count + 1)
-            for record in batch { ops.append(contentsOf: record.ops) }
             let last = batch.last!.seq
-            ops.append(.meta(key: "log_applied", value: String(last)))
             do {
+                var ops: [IndexOp] = []
+                ops.reserveCapacity(count + 1)
+                for record in batch { ops.append(contentsOf: try record.decoded()) }
+                ops = IndexOp.lastPerRow(ops)
+                ops.append(.meta(key: "log_applied", value: String(last)))
                 try index.write(ops)
                 condition.lock()
                 queue.removeFirst(taken)
@@ -138,5 +138,40 @@ final class IndexApplier: @unchecked Sendable {
                 }
             }
         }
+    }
+}
+
+extension IndexOp {
+    /// The row an operation sets or deletes, whole: of several operations
+    /// on one row, the last decides what the row holds.
+    enum Row: Hashable {
+        case node(UInt64)
+        case entry(UInt64, FileName)
+        case pendingEntry(UInt64, FileName)
+        case meta(String)
+        case quarantine(UInt64)
+    }
+
+    var row: Row {
+        switch self {
+        case .node(let n): .node(n.ino)
+        case .removeNode(let ino): .node(ino)
+        case .entry(let parent, let name, _), .removeEntry(let parent, let name): .entry(parent, name)
+        case .pendingEntry(let parent, let name, _, _), .clearPendingEntry(let parent, let name): .pendingEntry(parent, name)
+        case .meta(let key, _): .meta(key)
+        case .quarantine(let record): .quarantine(record.seq)
+        }
+    }
+
+    /// `ops` without those a later one in the list overrides (every
+    /// operation replaces or deletes its whole row), in their order: a
+    /// file created, written and renamed in one batch costs SQLite one
+    /// node write, not three.
+    static func lastPerRow(_ ops: [IndexOp]) -> [IndexOp] {
+        var seen = Set<Row>(minimumCapacity: ops.count)
+        var kept: [IndexOp] = []
+        kept.reserveCapacity(ops.count)
+        for op in ops.reversed() where seen.insert(op.row).inserted { kept.append(op) }
+        return kept.reversed()
     }
 }

@@ -10,9 +10,19 @@ import UbiquityStore
 /// committed to the store; the node has metadata to push while
 /// `change > pushed`. Content is tracked the same way with
 /// `contentGeneration` / `pushedGeneration`.
+///
+/// A `LocalNode` is the value the namespace hands out and takes back; it
+/// does not live in memory like this (see `NodeStore` for the resident
+/// form). The ID and the hashes are held packed (`StoredID`, `StoredHash`),
+/// so reading a node makes no strings; `id`, `hash` and `verifiedHash`
+/// make theirs when asked.
 public struct LocalNode: Sendable {
     public var ino: UInt64
-    public var id: NodeID
+    var storedID: StoredID
+    public var id: NodeID {
+        get { storedID.string }
+        set { storedID = StoredID(newValue) }
+    }
     public var kind: NodeKind
     public var mode: UInt32
     public var uid: UInt32
@@ -22,7 +32,11 @@ public struct LocalNode: Sendable {
     public var rdev: UInt64
     public var target: String?
     /// Hash and size of the content last pushed to or pulled from the store.
-    public var hash: String?
+    var storedHash: StoredHash?
+    public var hash: String? {
+        get { storedHash?.string }
+        set { storedHash = newValue.map(StoredHash.init) }
+    }
     public var hashSize: UInt64
     /// `hash` names a chunk manifest (content larger than one chunk).
     public var chunked: Bool
@@ -58,7 +72,11 @@ public struct LocalNode: Sendable {
     /// the store with the right sizes, or a download checked every blob.
     /// Eviction trusts the local copy to be `hash` only when the two agree
     /// (see `SyncEngine.evict`).
-    public var verifiedHash: String?
+    var storedVerifiedHash: StoredHash?
+    public var verifiedHash: String? {
+        get { storedVerifiedHash?.string }
+        set { storedVerifiedHash = newValue.map(StoredHash.init) }
+    }
     /// The cache file may hold writes no `close` or `fsync` acknowledged yet
     /// (persisted before the first of them reaches the file; cleared when
     /// they are acknowledged). Found set at startup, the daemon died in the
@@ -92,9 +110,15 @@ public struct LocalNode: Sendable {
 
     public init(ino: UInt64, id: NodeID, kind: NodeKind, mode: UInt32, uid: UInt32, gid: UInt32,
                 size: UInt64 = 0, rdev: UInt64 = 0, target: String? = nil, time: Timespec) {
-        self.ino = ino; self.id = id; self.kind = kind; self.mode = mode; self.uid = uid; self.gid = gid
+        self.init(ino: ino, storedID: StoredID(id), kind: kind, mode: mode, uid: uid, gid: gid,
+                  size: size, rdev: rdev, target: target, time: time)
+    }
+
+    init(ino: UInt64, storedID: StoredID, kind: NodeKind, mode: UInt32, uid: UInt32, gid: UInt32,
+         size: UInt64 = 0, rdev: UInt64 = 0, target: String? = nil, time: Timespec) {
+        self.ino = ino; self.storedID = storedID; self.kind = kind; self.mode = mode; self.uid = uid; self.gid = gid
         self.size = size; self.rdev = rdev; self.target = target
-        self.hash = nil; self.hashSize = 0; self.chunked = false
+        self.storedHash = nil; self.hashSize = 0; self.chunked = false
         self.atime = time; self.mtime = time; self.ctime = time; self.btime = time
         self.xattrs = [:]
         self.hasContent = true

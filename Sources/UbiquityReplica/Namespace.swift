@@ -11,10 +11,19 @@ import UbiquityStore
 /// sync engine must push (`change` counters, `pendingEntries`). Inside a
 /// transaction (`Replica.transaction`) they also record what they replace
 /// (`undo`), so a change the index could not record is taken back whole.
+///
+/// Nodes, entries and the ID map live in a `NodeStore` (a compact resident
+/// form: about 160 bytes per item); `nodes`, `children` and `inoByID` are
+/// read-only views of it, and the primitives below are the only writers.
 public struct Namespace: Sendable {
-    public internal(set) var nodes: [UInt64: LocalNode] = [:]
-    public internal(set) var children: [UInt64: [FileName: DirEntry]] = [:]
-    public internal(set) var inoByID: [NodeID: UInt64] = [:]
+    /// Nodes, entries and IDs (copied before a change while shared: see `storeForWriting`).
+    var store = NodeStore()
+    /// Every node by inode number.
+    public var nodes: NodeTable { NodeTable(store: store) }
+    /// Every directory's entries by the directory's inode number.
+    public var children: DirectoryTable { DirectoryTable(store: store) }
+    /// The inode number of each node ID.
+    public var inoByID: IDTable { IDTable(store: store) }
     /// The one entry's parent of each linked directory (directories have no hard links).
     public internal(set) var directoryParent: [UInt64: UInt64] = [:]
     /// Entries changed locally and not yet pushed: key → change counter value.
@@ -56,11 +65,45 @@ public struct Namespace: Sendable {
 
     // MARK: Reading
 
-    public func node(_ ino: UInt64) -> LocalNode? { nodes[ino] }
+    public func node(_ ino: UInt64) -> LocalNode? { store.node(ino) }
 
-    public func lookup(_ parent: UInt64, _ name: FileName) -> UInt64? { children[parent]?[name]?.ino }
+    public func lookup(_ parent: UInt64, _ name: FileName) -> UInt64? { store.entry(parent, name)?.ino }
 
-    public func entries(of dir: UInt64) -> [FileName: DirEntry] { children[dir] ?? [:] }
+    public func entries(of dir: UInt64) -> Directory { store.dirs[dir] ?? Directory() }
+
+    // Single fields of a node, read without making the whole `LocalNode`
+    // (for loops over many nodes under the lock).
+
+    public func kind(of ino: UInt64) -> NodeKind? { store.kind(of: ino) }
+    public func version(of ino: UInt64) -> UInt64? { store.slot(of: ino).map { store.version(slot: $0) } }
+    public func id(of ino: UInt64) -> NodeID? { store.slot(of: ino).map { store.storedID(slot: $0).string } }
+    public func isUnlinked(_ ino: UInt64) -> Bool? { store.slot(of: ino).map { store.isUnlinked(slot: $0) } }
+
+    /// The store, this namespace's own: copied first if a view or another
+    /// copy of the namespace holds it. (A caller that keeps the reference
+    /// uses it for all its writes: asking again meanwhile would find it
+    /// shared, with itself, and copy it.)
+    mutating func storeForWriting() -> NodeStore {
+        if !isKnownUniquelyReferenced(&store) { store = store.copy() }
+        return store
+    }
+
+    /// Write a node as it is (no change counting, nothing logged).
+    mutating func setNode(_ node: LocalNode) { storeForWriting().set(node) }
+
+    /// Change a node in place (no change counting, nothing logged); false if there is none.
+    @discardableResult
+    mutating func modifyNode(_ ino: UInt64, _ body: (inout LocalNode) -> Void) -> Bool {
+        guard var node = store.node(ino) else { return false }
+        body(&node)
+        storeForWriting().set(node)
+        return true
+    }
+
+    /// Map `id` to `ino` (nil: to nothing).
+    mutating func setIno(_ ino: UInt64?, forID id: NodeID) { storeForWriting().setIno(ino, forID: StoredID(id)) }
+
+    func ino(forID id: NodeID) -> UInt64? { store.ino(forID: StoredID(id)) }
 
     // MARK: Primitives that record their effect
 
@@ -68,7 +111,7 @@ public struct Namespace: Sendable {
     mutating func touched(_ ino: UInt64) {
         itemChanged(ino)
         dirtyRows.insert(ino)
-        if let n = nodes[ino], n.hasUnpushedMetadata || n.hasUnpushedContent {
+        if let slot = store.slot(of: ino), store.hasUnpushedWork(slot: slot) {
             unpushed.insert(ino)
         } else {
             unpushed.remove(ino)
@@ -98,7 +141,7 @@ public struct Namespace: Sendable {
         var names: [String] = []
         var current = dir
         while current != Self.rootIno {
-            guard let node = nodes[current], let parent = directoryParent[current], names.count < 100_000 else { return nil }
+            guard let node = store.node(current), let parent = directoryParent[current], names.count < 100_000 else { return nil }
             names.append(node.lastName.description)
             current = parent
         }
@@ -131,38 +174,41 @@ public struct Namespace: Sendable {
                              size: kind == .symlink ? UInt64(target?.utf8.count ?? 0) : 0,
                              rdev: rdev, target: target, time: time)
         if local { node.change = nextChange() }
-        nodes[ino] = node
-        inoByID[id] = ino
-        if kind == .directory { children[ino] = [:] }
+        let store = storeForWriting()
+        store.set(node)
+        store.setIno(ino, forID: node.storedID)
+        if kind == .directory { store.setDirectory(ino, Directory()) }
         touched(ino)
         return ino
     }
 
     /// Change a node. `local` changes are pushed; remote ones are not.
     public mutating func update(_ ino: UInt64, local: Bool = true, _ body: (inout LocalNode) -> Void) {
-        guard nodes[ino] != nil else { return }
+        guard var node = store.node(ino) else { return }
         saveNode(ino)
-        body(&nodes[ino]!)
-        if local { nodes[ino]!.change = nextChange() }
+        body(&node)
+        if local { node.change = nextChange() }
+        storeForWriting().set(node)
         touched(ino)
     }
 
     /// Record a content change (write, truncate) without persisting it yet;
     /// `time` (if given) becomes the mtime and ctime.
     public mutating func contentChanged(_ ino: UInt64, size: UInt64, time: Timespec?, monotonic: UInt64) {
-        guard nodes[ino] != nil else { return }
+        guard var node = store.node(ino) else { return }
         saveNode(ino)
-        nodes[ino]!.size = size
+        node.size = size
         if let time {
-            nodes[ino]!.mtime = time
-            nodes[ino]!.ctime = time
+            node.mtime = time
+            node.ctime = time
         }
-        nodes[ino]!.lastContentChange = monotonic
+        node.lastContentChange = monotonic
         // Every change moves the generation: a snapshot taken across it is torn.
-        if nodes[ino]!.contentGeneration <= nodes[ino]!.pushedGeneration {
-            nodes[ino]!.change = nextChange()
+        if node.contentGeneration <= node.pushedGeneration {
+            node.change = nextChange()
         }
-        nodes[ino]!.contentGeneration += 1
+        node.contentGeneration += 1
+        storeForWriting().set(node)
         pushWork &+= 1
         touched(ino)
     }
@@ -172,12 +218,13 @@ public struct Namespace: Sendable {
     /// modified content that the index believes clean. A node the store has
     /// is also marked as holding unacknowledged writes (see `beginWrite`).
     public mutating func beginContentChange(_ ino: UInt64, monotonic: UInt64) {
-        guard nodes[ino] != nil else { return }
+        guard var node = store.node(ino) else { return }
         saveNode(ino)
-        nodes[ino]!.contentGeneration += 1
-        nodes[ino]!.lastContentChange = monotonic
-        nodes[ino]!.change = nextChange()
-        if nodes[ino]!.version > 0 { nodes[ino]!.unacknowledgedWrites = true }
+        node.contentGeneration += 1
+        node.lastContentChange = monotonic
+        node.change = nextChange()
+        if node.version > 0 { node.unacknowledgedWrites = true }
+        storeForWriting().set(node)
         touched(ino)
     }
 
@@ -188,61 +235,71 @@ public struct Namespace: Sendable {
     /// acknowledged. Once per open-for-write session in the usual case (the
     /// open sets the mark already), not once per write. Pair with `endWrite`.
     public mutating func beginWrite(_ ino: UInt64) -> Bool {
-        guard let node = nodes[ino] else { return false }
-        nodes[ino]!.writesInFlight += 1
-        guard node.version > 0, !node.unacknowledgedWrites else { return false }
-        nodes[ino]!.unacknowledgedWrites = true
+        guard var node = store.node(ino) else { return false }
+        node.writesInFlight += 1
+        let marks = node.version > 0 && !node.unacknowledgedWrites
+        if marks { node.unacknowledgedWrites = true }
+        storeForWriting().set(node)
+        guard marks else { return false }
         touched(ino)
         return true
     }
 
     /// The write begun with `beginWrite` is done (or failed).
     public mutating func endWrite(_ ino: UInt64) {
-        guard nodes[ino] != nil else { return }
-        nodes[ino]!.writesInFlight -= 1
+        modifyNode(ino) { $0.writesInFlight -= 1 }
     }
 
     /// Everything written to `ino` so far is acknowledged (a `close` or an
     /// `fsync` is about to commit it; the last writer went away): clear the
     /// mark — unless a write is still on its way, which nothing acknowledged.
     public mutating func acknowledgeWrites(_ ino: UInt64) {
-        guard let node = nodes[ino], node.unacknowledgedWrites, node.writesInFlight == 0 else { return }
-        nodes[ino]!.unacknowledgedWrites = false
+        guard var node = store.node(ino), node.unacknowledgedWrites, node.writesInFlight == 0 else { return }
+        node.unacknowledgedWrites = false
+        storeForWriting().set(node)
         touched(ino)
     }
 
     /// Runtime-only bookkeeping (lookup and open counts): not persisted.
     public mutating func updateRuntime(_ ino: UInt64, _ body: (inout LocalNode) -> Void) {
-        guard let writers = nodes[ino]?.openWriters else { return }
+        guard var node = store.node(ino) else { return }
+        let writers = node.openWriters
         saveNode(ino)
-        body(&nodes[ino]!)
-        if nodes[ino]!.openWriters != writers { itemChanged(ino) }   // isUploading follows it
+        body(&node)
+        storeForWriting().set(node)
+        if node.openWriters != writers { itemChanged(ino) }   // isUploading follows it
     }
 
     /// Link `ino` as `name` in `parent`, replacing whatever was there (the
     /// caller has dealt with the replaced node via `unlinkEntry` first).
     public mutating func linkEntry(_ parent: UInt64, _ name: FileName, _ ino: UInt64, local: Bool = true) {
-        let previous = children[parent]?[name]?.ino ?? 0
+        let previous = lookup(parent, name) ?? 0
         saveEntry(parent, name)
         saveNode(ino)
         saveNode(parent)
         saveDirectoryParent(ino)
         let cookie = nextCookie
         nextCookie += 1
-        children[parent, default: [:]][name] = DirEntry(ino: ino, cookie: cookie)
-        if nodes[ino]?.kind == .directory {
-            let subdirectories = subdirectoryCount(ino)
-            nodes[ino]?.nlink = 2 + subdirectories
-            nodes[parent]?.nlink += 1
-            directoryParent[ino] = parent
-            structureChanged()
-            touched(parent)
-        } else {
-            nodes[ino]?.nlink += 1
+        let store = storeForWriting()
+        store.setEntry(parent, name, DirEntry(ino: ino, cookie: cookie))
+        if var node = store.node(ino) {
+            if node.kind == .directory {
+                node.nlink = 2 + subdirectoryCount(ino)
+                if var up = store.node(parent) {
+                    up.nlink += 1
+                    store.set(up)
+                }
+                directoryParent[ino] = parent
+                structureChanged()
+                touched(parent)
+            } else {
+                node.nlink += 1
+            }
+            node.unlinked = false
+            node.lastParent = parent
+            node.lastName = name
+            store.set(node)
         }
-        nodes[ino]?.unlinked = false
-        nodes[ino]?.lastParent = parent
-        nodes[ino]?.lastName = name
         touched(ino)
         log.append(.entry(parent: parent, name: name, child: ino))
         if local { markEntryPending(parent, name, base: previous) }
@@ -251,27 +308,32 @@ public struct Namespace: Sendable {
     /// Remove the entry `name` from `parent`; returns the node it named.
     @discardableResult
     public mutating func unlinkEntry(_ parent: UInt64, _ name: FileName, local: Bool = true) -> UInt64? {
-        guard let ino = children[parent]?[name]?.ino else { return nil }
+        guard let ino = lookup(parent, name) else { return nil }
         saveEntry(parent, name)
         saveNode(ino)
         saveNode(parent)
         saveDirectoryParent(ino)
-        children[parent]![name] = nil
-        if let kind = nodes[ino]?.kind {
-            if kind == .directory {
-                if let n = nodes[parent]?.nlink, n > 0 { nodes[parent]!.nlink = n - 1 }
+        let store = storeForWriting()
+        store.removeEntry(parent, name)
+        if var node = store.node(ino) {
+            if node.kind == .directory {
+                if var up = store.node(parent), up.nlink > 0 {
+                    up.nlink -= 1
+                    store.set(up)
+                }
                 touched(parent)
-                nodes[ino]!.nlink = 0
+                node.nlink = 0
                 directoryParent[ino] = nil
                 structureChanged()
-            } else if nodes[ino]!.nlink > 0 {
-                nodes[ino]!.nlink -= 1
+            } else if node.nlink > 0 {
+                node.nlink -= 1
             }
-            if nodes[ino]!.nlink == 0 {
-                nodes[ino]!.unlinked = true
+            if node.nlink == 0 {
+                node.unlinked = true
                 // A removed node is pushed as a deletion.
-                if local { nodes[ino]!.change = nextChange() }
+                if local { node.change = nextChange() }
             }
+            store.set(node)
             touched(ino)
         }
         log.append(.removeEntry(parent: parent, name: name))
@@ -291,12 +353,12 @@ public struct Namespace: Sendable {
 
     /// Whether `ino` is pinned, itself or through a directory above it.
     public func isPinned(_ ino: UInt64) -> Bool {
-        guard let node = nodes[ino] else { return false }
+        guard let node = store.node(ino) else { return false }
         if node.pinned { return true }
         var current: UInt64? = node.kind == .directory ? directoryParent[ino] : (node.unlinked ? nil : node.lastParent)
         var steps = 0
         while let c = current, steps < 100_000 {
-            if nodes[c]?.pinned == true { return true }
+            if store.isPinned(c) { return true }
             current = directoryParent[c]
             steps += 1
         }
@@ -305,14 +367,14 @@ public struct Namespace: Sendable {
 
     /// Regular files at or below `ino`.
     public func files(under ino: UInt64) -> [UInt64] {
-        guard let node = nodes[ino] else { return [] }
-        if node.kind == .file { return [ino] }
-        guard node.kind == .directory else { return [] }
+        guard let kind = store.kind(of: ino) else { return [] }
+        if kind == .file { return [ino] }
+        guard kind == .directory else { return [] }
         var out: [UInt64] = []
         var stack = [ino]
         while let dir = stack.popLast() {
-            for entry in children[dir]?.values ?? [:].values {
-                switch nodes[entry.ino]?.kind {
+            for entry in entries(of: dir).values {
+                switch store.kind(of: entry.ino) {
                 case .file?: out.append(entry.ino)
                 case .directory?: stack.append(entry.ino)
                 default: break
@@ -324,25 +386,30 @@ public struct Namespace: Sendable {
 
     /// Every entry naming `ino` (a scan only for hard-linked files).
     public func entriesNaming(_ ino: UInt64) -> [EntryKey] {
-        guard let node = nodes[ino], !node.unlinked else { return [] }
+        guard let node = store.node(ino), !node.unlinked else { return [] }
         if node.kind == .directory || node.nlink <= 1, lookup(node.lastParent, node.lastName) == ino {
             return [EntryKey(parent: node.lastParent, name: node.lastName)]
         }
         if node.kind == .directory { return [] }
         var out: [EntryKey] = []
-        for (parent, entries) in children {
-            for (name, entry) in entries where entry.ino == ino { out.append(EntryKey(parent: parent, name: name)) }
+        for (parent, entries) in store.dirs {
+            for entry in entries.entries where entry.ino == ino {
+                out.append(EntryKey(parent: parent, name: entries.name(at: entry.name)))
+            }
         }
         return out
     }
 
     /// Give node `ino` a new stable ID (it becomes a new node to the store).
     public mutating func rekey(_ ino: UInt64, to id: NodeID) {
-        guard let old = nodes[ino]?.id else { return }
+        guard let old = store.node(ino)?.id else { return }
         saveID(old)
         saveID(id)
-        if inoByID[old] == ino { inoByID[old] = nil }
-        inoByID[id] = ino
+        defer {
+            // After the node has its new ID, so that the map keeps it with the node.
+            if self.ino(forID: old) == ino { setIno(nil, forID: old) }
+            setIno(ino, forID: id)
+        }
         update(ino) { n in
             n.id = id
             n.version = 0
@@ -357,7 +424,7 @@ public struct Namespace: Sendable {
     }
 
     func subdirectoryCount(_ dir: UInt64) -> UInt32 {
-        UInt32(children[dir]?.values.reduce(0) { $0 + (nodes[$1.ino]?.kind == .directory ? 1 : 0) } ?? 0)
+        UInt32(entries(of: dir).values.reduce(0) { $0 + (store.kind(of: $1.ino) == .directory ? 1 : 0) })
     }
 
     /// The entry changed here; `base` is what it named before (kept from the
@@ -416,16 +483,17 @@ public struct Namespace: Sendable {
     /// can go).
     @discardableResult
     public mutating func dropIfUnreferenced(_ ino: UInt64) -> Bool {
-        guard let node = nodes[ino], node.unlinked, node.lookups == 0, node.openCount == 0,
+        guard let node = store.node(ino), node.unlinked, node.lookups == 0, node.openCount == 0,
               !node.hasUnpushedMetadata, ino != Self.rootIno else { return false }
         saveNode(ino)
         saveDirectory(ino)
         saveDirectoryParent(ino)
         saveID(node.id)
-        nodes[ino] = nil
-        children[ino] = nil
+        let store = storeForWriting()
+        if store.ino(forID: node.storedID) == ino { store.setIno(nil, forID: node.storedID) }
+        store.remove(ino)
+        store.setDirectory(ino, nil)
         directoryParent[ino] = nil
-        if inoByID[node.id] == ino { inoByID[node.id] = nil }
         dirtyRows.remove(ino)
         unpushed.remove(ino)
         log.append(.removeNode(ino))
@@ -450,14 +518,34 @@ public struct Namespace: Sendable {
 
     /// Move dirty node rows into the write log (called under the lock, so the
     /// log keeps the order in which the namespace changed).
+    ///
+    /// The log starts again empty, not at the capacity it had: the ops go on
+    /// to the index applier's queue, and each transaction copies the log
+    /// (`Undo`), so a log that once held a burst must not carry its capacity
+    /// into every later copy.
     mutating func takeLog() -> [IndexOp] {
         for ino in dirtyRows {
-            if let node = nodes[ino] { log.append(.node(node)) }
+            if let node = store.node(ino) { log.append(.node(node)) }
         }
-        dirtyRows.removeAll(keepingCapacity: true)
+        dirtyRows.removeAll()
         let out = log
-        log.removeAll(keepingCapacity: true)
+        log = []
+        shrinkSparseTables()
         return out
+    }
+
+    /// Tables that only grow with a backlog (pending entries, nodes with
+    /// something to push) keep the room of their largest backlog unless
+    /// given back: once mostly empty, they are made again at their size.
+    mutating func shrinkSparseTables() {
+        if pendingEntries.isSparse { pendingEntries.shrink() }
+        if pendingEntryBase.isSparse { pendingEntryBase.shrink() }
+        if unpushed.isSparse { unpushed.shrink() }
+        if store.unsettled.isSparse || store.extras.isSparse {
+            let store = storeForWriting()
+            if store.unsettled.isSparse { store.unsettled.shrink() }
+            if store.extras.isSparse { store.extras.shrink() }
+        }
     }
 
     /// Put back writes the index did not take (they go first, before
@@ -476,7 +564,7 @@ public struct Namespace: Sendable {
         var nodes: [UInt64: (node: LocalNode?, unpushed: Bool)] = [:]
         var entries: [EntryKey: DirEntry?] = [:]
         /// Whole directory tables, saved when one is created or dropped.
-        var directories: [UInt64: [FileName: DirEntry]?] = [:]
+        var directories: [UInt64: Directory?] = [:]
         var ids: [NodeID: UInt64?] = [:]
         var directoryParents: [UInt64: UInt64?] = [:]
         var pending: [EntryKey: (change: UInt64?, base: UInt64?)] = [:]
@@ -507,21 +595,22 @@ public struct Namespace: Sendable {
     mutating func rollBackTransaction() {
         guard let saved = undo else { return }
         undo = nil
+        let store = storeForWriting()
         for (ino, value) in saved.nodes {
-            nodes[ino] = value.node
+            if let node = value.node { store.set(node) } else { store.remove(ino) }
             if value.unpushed { unpushed.insert(ino) } else { unpushed.remove(ino) }
         }
         // Whole tables first: the entries saved below hold the values from
         // before the transaction, also for a table dropped after changing.
-        for (dir, table) in saved.directories { children[dir] = table }
+        for (dir, table) in saved.directories { store.setDirectory(dir, table) }
         for (key, entry) in saved.entries {
             if let entry {
-                children[key.parent, default: [:]][key.name] = entry
+                store.setEntry(key.parent, key.name, entry)
             } else {
-                children[key.parent]?[key.name] = nil
+                store.removeEntry(key.parent, key.name)
             }
         }
-        for (id, ino) in saved.ids { inoByID[id] = ino }
+        for (id, ino) in saved.ids { store.setIno(ino, forID: StoredID(id)) }
         for (dir, parent) in saved.directoryParents { directoryParent[dir] = parent }
         for (key, value) in saved.pending {
             pendingEntries[key] = value.change
@@ -537,23 +626,23 @@ public struct Namespace: Sendable {
 
     mutating func saveNode(_ ino: UInt64) {
         guard undo != nil, undo!.nodes.index(forKey: ino) == nil else { return }
-        undo!.nodes[ino] = (nodes[ino], unpushed.contains(ino))
+        undo!.nodes[ino] = (store.node(ino), unpushed.contains(ino))
     }
 
     mutating func saveEntry(_ parent: UInt64, _ name: FileName) {
         let key = EntryKey(parent: parent, name: name)
         guard undo != nil, undo!.entries.index(forKey: key) == nil else { return }
-        undo!.entries[key] = .some(children[parent]?[name])
+        undo!.entries[key] = .some(store.entry(parent, name))
     }
 
     mutating func saveDirectory(_ ino: UInt64) {
         guard undo != nil, undo!.directories.index(forKey: ino) == nil else { return }
-        undo!.directories[ino] = .some(children[ino])
+        undo!.directories[ino] = .some(store.dirs[ino])
     }
 
     mutating func saveID(_ id: NodeID) {
         guard undo != nil, undo!.ids.index(forKey: id) == nil else { return }
-        undo!.ids[id] = .some(inoByID[id])
+        undo!.ids[id] = .some(ino(forID: id))
     }
 
     mutating func saveDirectoryParent(_ ino: UInt64) {
@@ -570,14 +659,14 @@ public struct Namespace: Sendable {
 
     /// Nodes with something to push.
     public func unpushedNodes() -> [LocalNode] {
-        unpushed.compactMap { nodes[$0] }
+        unpushed.compactMap { store.node($0) }
     }
 
     /// At most `limit` unpushed nodes, oldest (lowest inode number) first, so a
     /// directory goes before what was created in it.
     public func unpushedNodes(limit: Int) -> [LocalNode] {
         guard unpushed.count > limit else { return unpushedNodes().sorted { $0.ino < $1.ino } }
-        return unpushed.sorted().prefix(limit).compactMap { nodes[$0] }
+        return unpushed.sorted().prefix(limit).compactMap { store.node($0) }
     }
 
     /// Items and bytes still waiting to be pushed.
@@ -585,13 +674,13 @@ public struct Namespace: Sendable {
         var items = 0
         var bytes: UInt64 = 0
         for ino in unpushed {
-            guard let node = nodes[ino] else { continue }
+            guard let node = store.node(ino) else { continue }
             items += 1
             if node.hasUnpushedContent { bytes += node.size }
         }
         // Entries count as items of their own unless their node is already counted.
         items += pendingEntries.keys.filter { key in
-            guard let child = children[key.parent]?[key.name]?.ino else { return true }
+            guard let child = lookup(key.parent, key.name) else { return true }
             return !unpushed.contains(child)
         }.count
         return (items, bytes)
@@ -601,9 +690,10 @@ public struct Namespace: Sendable {
     public func path(of ino: UInt64) -> String? {
         if ino == Self.rootIno { return "/" }
         // Linear scan: only used for messages, never on a hot path.
-        for (parent, entries) in children {
-            for (name, entry) in entries where entry.ino == ino {
+        for (parent, entries) in store.dirs {
+            for entry in entries.entries where entry.ino == ino {
                 guard let up = path(of: parent) else { return nil }
+                let name = entries.name(at: entry.name)
                 return up == "/" ? "/\(name)" : "\(up)/\(name)"
             }
         }

@@ -36,6 +36,21 @@ final class OperationLog: @unchecked Sendable {
         var ops: [IndexOp]
     }
 
+    /// A record as appended: its bytes, a fraction of the memory of its
+    /// decoded operations while it waits for the applier.
+    struct Encoded {
+        var seq: UInt64
+        var opCount: Int
+        var bytes: [UInt8]
+
+        func decoded() throws -> [IndexOp] {
+            guard let record = OperationLog.parse(bytes).records.first, record.seq == seq else {
+                throw UbiquityError(EIO, "operation log record \(seq) does not decode")
+            }
+            return record.ops
+        }
+    }
+
     static let headerSize = 16
     let path: String
     let fd: Int32
@@ -95,7 +110,7 @@ final class OperationLog: @unchecked Sendable {
     /// Append one record of `ops` (the caller holds `Replica.writer`) and
     /// return its number. A failed write leaves the log as it was: `ENOSPC`
     /// when the disk has no room, `EIO` otherwise.
-    func append(_ ops: [IndexOp]) throws -> UInt64 {
+    func append(_ ops: [IndexOp]) throws -> Encoded {
         let seq = lastSeq + 1
         let bytes = Self.encode(seq: seq, ops)
         var written = 0
@@ -115,7 +130,7 @@ final class OperationLog: @unchecked Sendable {
         }
         size += bytes.count
         lastSeq = seq
-        return seq
+        return Encoded(seq: seq, opCount: ops.count, bytes: bytes)
     }
 
     /// Empty the log (every record is in SQLite; the caller holds `Replica.writer`).

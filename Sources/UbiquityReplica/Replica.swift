@@ -19,8 +19,7 @@ import Glibc
 /// namespace and written to the index (appended to its operation log: one
 /// `write(2)`, copied into SQLite in the background by `IndexApplier`) under
 /// the namespace lock, and taken back whole if the log does not take it — so nobody ever sees a change
-/// the index lacks, and a failed operation has no effect. A new file is
-/// `stage`d instead: committed with its content at `close`, like content.
+/// the index lacks, and a failed operation has no effect.
 /// What only records a fact (a pull applied, a push done, a download
 /// installed, the size of content already written) goes through `persist`:
 /// if the index does not take it, it stays queued in memory and is written
@@ -202,29 +201,47 @@ public final class Replica: Sendable {
 
     /// Bring a freshly loaded namespace to a consistent state after a crash.
     static func recover(_ ns: inout Namespace, cacheDirectory: URL, rootOwner: (uid: UInt32, gid: UInt32)) {
-        if ns.nodes[Namespace.rootIno] == nil {
+        if ns.node(Namespace.rootIno) == nil {
             var root = LocalNode(ino: Namespace.rootIno, id: .root, kind: .directory, mode: 0o755,
                                  uid: rootOwner.uid, gid: rootOwner.gid, time: .now())
             root.nlink = 2
-            ns.nodes[Namespace.rootIno] = root
-            ns.inoByID[.root] = Namespace.rootIno
-            ns.children[Namespace.rootIno] = ns.children[Namespace.rootIno] ?? [:]
+            ns.setNode(root)
+            ns.setIno(Namespace.rootIno, forID: .root)
+            if ns.children[Namespace.rootIno] == nil { ns.storeForWriting().setDirectory(Namespace.rootIno, Directory()) }
             ns.dirtyRows.insert(Namespace.rootIno)
         }
+        // What needs changing is found first, then changed: a change while
+        // the namespace is being read would copy it.
+        var written: [(ino: UInt64, size: UInt64, time: Timespec)] = []
+        var unlinked: [UInt64] = []
         for (ino, node) in ns.nodes {
-            // Content written after the last index commit is in the cache file: trust its size.
+            // Content written after the last index commit (a new file's
+            // writes are acknowledged without one) is in the cache file:
+            // trust its size, and its time when newer than the last change
+            // the index holds.
             if node.kind == .file, node.hasContent, node.hasUnpushedContent {
                 var st = stat()
-                if stat(cachePath(cacheDirectory, ino), &st) == 0, UInt64(st.st_size) != node.size {
-                    ns.nodes[ino]!.size = UInt64(st.st_size)
-                    ns.dirtyRows.insert(ino)
+                if stat(cachePath(cacheDirectory, ino), &st) == 0 {
+                    let modified = Timespec(sec: Int64(st.st_mtim.tv_sec), nsec: Int64(st.st_mtim.tv_nsec))
+                    if UInt64(st.st_size) != node.size || modified > node.ctime {
+                        written.append((ino, UInt64(st.st_size), max(modified, node.mtime)))
+                    }
                 }
             }
             // Nothing references an unlinked node after a restart.
-            if ns.nodes[ino]!.unlinked || (ns.nodes[ino]!.nlink == 0 && ino != Namespace.rootIno) {
-                ns.nodes[ino]!.unlinked = true
-                if ns.dropIfUnreferenced(ino) { unlink(cachePath(cacheDirectory, ino)) }
+            if node.unlinked || (node.nlink == 0 && ino != Namespace.rootIno) { unlinked.append(ino) }
+        }
+        for change in written {
+            ns.modifyNode(change.ino) {
+                $0.size = change.size
+                $0.mtime = change.time
+                $0.ctime = max($0.ctime, change.time)
             }
+            ns.dirtyRows.insert(change.ino)
+        }
+        for ino in unlinked {
+            ns.modifyNode(ino) { $0.unlinked = true }
+            if ns.dropIfUnreferenced(ino) { unlink(cachePath(cacheDirectory, ino)) }
         }
     }
 
@@ -240,7 +257,7 @@ public final class Replica: Sendable {
             for name in names {
                 let isPartial = name.hasSuffix(".part")
                 guard let ino = UInt64(isPartial ? String(name.prefix { $0 != "." }) : name) else { continue }
-                let node = ns.nodes[ino]
+                let node = ns.node(ino)
                 let owned = isPartial ? node?.isPlaceholder == true : (node?.kind == .file && node?.hasContent == true)
                 if !owned { unlink(dir + "/" + name) }
             }
@@ -288,29 +305,6 @@ public final class Replica: Sendable {
                 }
             }
             return result
-        }
-    }
-
-    /// Make a change that the next commit records: a new file, committed
-    /// with its content at `close` (one SQLite transaction per small file
-    /// instead of two). Like a `.grows` transaction it is refused with
-    /// `ENOSPC` unless the space reserve is whole, and `body` throwing takes
-    /// it back whole. Once it returns it stands: the commit that records it
-    /// may use the reserve, so a full disk does not refuse it later (only an
-    /// index that fails otherwise can, like any content not yet closed).
-    /// Until it is recorded the pusher does not see it (`committedView`).
-    public func stage<T: Sendable>(_ body: (inout Namespace) throws -> T) throws -> T {
-        try namespace.withLock { ns -> T in
-            ns.beginTransaction()
-            do {
-                let value = try body(&ns)
-                try reserve.requireWhole()
-                ns.endTransaction()
-                return value
-            } catch {
-                ns.rollBackTransaction()
-                throw error
-            }
         }
     }
 
@@ -362,8 +356,7 @@ public final class Replica: Sendable {
         guard !ops.isEmpty else { return }
         while true {
             do {
-                let seq = try log.append(ops)
-                applier.enqueue(OperationLog.Record(seq: seq, ops: ops))
+                applier.enqueue(try log.append(ops))
                 return
             } catch let error as UbiquityError where error.errno == ENOSPC && use == .mayUseReserve {
                 guard reserve.release() else { throw error }

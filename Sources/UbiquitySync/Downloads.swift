@@ -152,9 +152,7 @@ final class DownloadPool: @unchecked Sendable {
     func wake() {
         if idle == 0 && threads < Self.limit {
             threads += 1
-            let thread = Thread { [self] in work() }
-            thread.name = "ubiquityfs-download"
-            thread.start()
+            Thread.run(named: "ubq-download") { [self] in work() }
         }
         condition.broadcast()
     }

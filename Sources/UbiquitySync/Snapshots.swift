@@ -146,52 +146,69 @@ extension SyncEngine {
     /// Describe the replica (if it holds exactly the store's state), store
     /// the parts, then publish the record. Returns the record's number, or
     /// nil when the replica has work of its own to push.
+    ///
+    /// The namespace is described from a copy taken under the lock, which
+    /// shares the live namespace's storage until that changes (copy on
+    /// write: `NodeStore`), one part at a time, each part stored as soon as
+    /// a round of them is ready: a large container is neither described
+    /// under the lock nor held in memory whole, as change sets or as encoded
+    /// parts. (Parts stored before a later part fails are blobs no record
+    /// names, as after a failed upload.)
     @discardableResult
     public func writeSnapshot() throws -> UInt64? {
-        let captured = replica.withNamespace { ns -> (seq: UInt64, parts: [SnapshotPart], nodes: Int)? in
+        let captured = replica.withNamespace { ns -> Namespace? in
             guard ns.appliedSeq > 0, ns.unpushed.isEmpty, ns.pendingEntries.isEmpty else { return nil }
-            let (parts, nodes) = Self.describe(ns, device: device)
-            return (ns.appliedSeq, parts, nodes)
+            return ns
         }
         guard let captured else { return nil }
+        // The parts' buffers are freed by now: give them back to the system.
+        defer { LinuxCalls.releaseFreeMemory() }
+        let seq = captured.appliedSeq
+        let store = self.store
         var hashes: [String] = []
-        var blobs: [(String, Data)] = []
-        for (index, var part) in captured.parts.enumerated() {
+        var queued: [(String, Data)] = []
+        func storeQueued() throws {
+            for result in Parallel.map(queued, width: store.uploadConcurrency, { blob in Result { try store.putBlob(blob.0, data: blob.1) } }) {
+                try result.get()
+            }
+            queued = []
+        }
+        let nodes = try Self.describe(captured, device: device) { part in
+            var part = part
             // A part says where packed content is, as a journal record does.
             part.changeSet.changes = namingPacks(part.changeSet.changes)
             part.changeSet.version = part.changeSet.requiredVersion
-            try part.changeSet.validate(seq: captured.seq + 1)
+            try part.changeSet.validate(seq: seq + 1)
             let data = try part.encoded()
             guard data.count <= ContentLayout.chunkSize else {
-                throw UbiquityError(EFBIG, "part \(index + 1) is \(data.count) bytes, more than a chunk")
+                throw UbiquityError(EFBIG, "part \(hashes.count + 1) is \(data.count) bytes, more than a chunk")
             }
             let hash = ContentCopy.hash(of: data)
             hashes.append(hash)
-            blobs.append((hash, data))
+            queued.append((hash, data))
+            if queued.count >= max(1, store.uploadConcurrency) { try storeQueued() }
         }
-        let store = self.store
-        for result in Parallel.map(blobs, width: store.uploadConcurrency, { blob in Result { try store.putBlob(blob.0, data: blob.1) } }) {
-            try result.get()
-        }
+        try storeQueued()
         try store.flushBlobs()
-        let record = SnapshotRecord(seq: captured.seq, device: device.id, deviceName: device.name, nodes: captured.nodes, parts: hashes)
+        let record = SnapshotRecord(seq: seq, device: device.id, deviceName: device.name, nodes: nodes, parts: hashes)
         guard try store.publishSnapshot(container: container, record) else { return nil }
-        logger.info("\(container): wrote the snapshot of journal record \(captured.seq) (\(captured.nodes) items, \(hashes.count) parts)")
-        return captured.seq
+        logger.info("\(container): wrote the snapshot of journal record \(seq) (\(nodes) items, \(hashes.count) parts)")
+        return seq
     }
 
     /// Every node reachable from the root and every entry, parents first:
     /// a folder's node comes before the entries in it, a node before the
-    /// first entry naming it; cut into parts of about `snapshotPartBytes`.
-    static func describe(_ ns: Namespace, device: DeviceIdentity) -> (parts: [SnapshotPart], nodes: Int) {
-        var parts: [SnapshotPart] = []
+    /// first entry naming it; cut into parts of about `snapshotPartBytes`,
+    /// handed to `part` one by one. Returns the number of nodes described.
+    @discardableResult
+    static func describe(_ ns: Namespace, device: DeviceIdentity, _ part: (SnapshotPart) throws -> Void) throws -> Int {
         var changes: [Change] = []
         var authors: [NodeID: String] = [:]
         var bytes = 0
         var nodes = 0
-        func flush() {
+        func flush() throws {
             guard !changes.isEmpty else { return }
-            parts.append(SnapshotPart(changeSet: ChangeSet(device: device.id, deviceName: device.name, changes: changes), authors: authors))
+            try part(SnapshotPart(changeSet: ChangeSet(device: device.id, deviceName: device.name, changes: changes), authors: authors))
             changes = []; authors = [:]; bytes = 0
         }
         func describe(_ node: LocalNode) {
@@ -201,7 +218,7 @@ extension SyncEngine {
             bytes += (mayBePacked ? 500 : 400) + (node.target?.utf8.count ?? 0) + node.xattrs.reduce(0) { $0 + $1.key.utf8.count + $1.value.count * 4 / 3 + 8 }
             nodes += 1
         }
-        guard let root = ns.node(Namespace.rootIno) else { return ([], 0) }
+        guard let root = ns.node(Namespace.rootIno) else { return 0 }
         describe(root)
         var seen: Set<UInt64> = [Namespace.rootIno]
         var folders: [UInt64] = [Namespace.rootIno]
@@ -218,10 +235,10 @@ extension SyncEngine {
                 }
                 changes.append(.entry(parent: folderID, name: name, child: child.id))
                 bytes += 120 + name.bytes.count
-                if bytes >= snapshotPartBytes { flush() }
+                if bytes >= snapshotPartBytes { try flush() }
             }
         }
-        flush()
-        return (parts, nodes)
+        try flush()
+        return nodes
     }
 }

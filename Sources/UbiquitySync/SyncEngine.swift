@@ -98,20 +98,14 @@ public final class SyncEngine: Sendable {
 
     public func start(pollInterval: Double, observer: (any ReplicaObserver)?) {
         self.observer.withLock { $0 = observer }
-        let push = Thread { [self] in pushLoop() }
-        push.name = "ubiquityfs-push"
-        push.start()
+        Thread.run(named: "ubq-push") { [self] in pushLoop() }
         pulling.withLock { $0 = true }
-        let pull = Thread { [self] in pullLoop(pollInterval: pollInterval) }
-        pull.name = "ubiquityfs-pull"
-        pull.start()
+        Thread.run(named: "ubq-pull") { [self] in pullLoop(pollInterval: pollInterval) }
         checking.withLock { $0 = true }
-        let check = Thread { [self] in
+        Thread.run(named: "ubq-check") { [self] in
             checkHeldContent()
             checkThreadDone.signal()
         }
-        check.name = "ubiquityfs-check"
-        check.start()
     }
 
     /// Stop the push and pull threads (waits for the current round to finish).
@@ -178,6 +172,7 @@ public final class SyncEngine: Sendable {
         // Pushing is background work: it yields CPU and disk to the programs using the mount.
         LinuxCalls.lowerThreadPriority()
         var backoff = 1.0
+        var lastRelease = Date.distantPast
         while !stopped.withLock({ $0 }) {
             _ = wake.wait(timeout: .now() + 1)
             if stopped.withLock({ $0 }) { break }
@@ -193,8 +188,12 @@ public final class SyncEngine: Sendable {
             do {
                 var rounds = 0
                 while try pushOnce(ignoreDelay: false), !stopped.withLock({ $0 }) { rounds += 1 }
-                // A burst (many batches) leaves freed buffers behind: return them.
-                if rounds > 1 { LinuxCalls.releaseFreeMemory() }
+                // Pushing leaves freed buffers behind (change sets, their JSON,
+                // packs): return them, at most once a second while the pushes go on.
+                if rounds > 0, Date().timeIntervalSince(lastRelease) >= 1 {
+                    LinuxCalls.releaseFreeMemory()
+                    lastRelease = Date()
+                }
                 backoff = 1
             } catch {
                 record(error: error)
@@ -513,14 +512,16 @@ public final class SyncEngine: Sendable {
             // An entry naming a new node that waits for its content, or that is
             // not in this batch, waits with it; so does one in a new directory
             // not in this batch.
-            if let childIno, ns.node(childIno)?.version == 0,
+            // (Single fields, not whole nodes: this runs under the lock for every pending entry.)
+            if let childIno, ns.version(of: childIno) == 0,
                waitingForContent.contains(childIno) || !inBatch.contains(childIno) { continue }
-            if key.parent != Namespace.rootIno, ns.node(key.parent)?.version == 0, !inBatch.contains(key.parent) { continue }
+            let parentVersion = ns.version(of: key.parent)
+            if key.parent != Namespace.rootIno, parentVersion == 0, !inBatch.contains(key.parent) { continue }
             entries.append((key, change))
-            guard let parent = ns.node(key.parent) else { continue }
-            let child = childIno.flatMap { ns.node($0)?.id }
-            if parent.unlinked && child == nil && parent.version == 0 { continue }
-            entryChanges.append(.entry(parent: parent.id, name: key.name, child: child))
+            guard let parentVersion, let parentID = ns.id(of: key.parent) else { continue }
+            let child = childIno.flatMap { ns.id(of: $0) }
+            if ns.isUnlinked(key.parent) == true && child == nil && parentVersion == 0 { continue }
+            entryChanges.append(.entry(parent: parentID, name: key.name, child: child))
         }
         return Batch(appliedSeq: ns.appliedSeq, changes: nodeChanges + entryChanges + deletions, nodes: nodes, entries: entries)
     }

@@ -84,6 +84,30 @@ import Glibc
         third.releaseLock()
     }
 
+    /// The applier writes only the last operation on each row of a batch:
+    /// SQLite ends up holding exactly what the namespace holds.
+    @Test func theApplierKeepsTheLastOperationOnEachRow() throws {
+        let d = try TestDevice(store: InMemoryStore())
+        defer { d.cleanUp() }
+        try makeChanges(d)
+        for round in 0..<5 {   // the same rows again and again
+            try d.write("r.txt", "are \(round)")
+            try d.fs.rename(parent: Namespace.rootIno, name: "r.txt", newParent: Namespace.rootIno, newName: "c.txt", flags: [])
+            try d.fs.rename(parent: Namespace.rootIno, name: "c.txt", newParent: Namespace.rootIno, newName: "r.txt", flags: [])
+        }
+        try d.write("brief.txt", "here for a moment")
+        try d.fs.unlink(parent: Namespace.rootIno, name: "brief.txt")
+        try d.replica.persist()
+        try d.replica.applier.drain()
+        let sqlite = Self.persisted(try Index(path: d.directory.appendingPathComponent("index.sqlite").path, readOnly: true).load())
+        #expect(sqlite == d.replica.withNamespace { Self.persisted($0) })
+
+        let ops: [IndexOp] = [.meta(key: "a", value: "1"), .entry(parent: 1, name: "x", child: 5),
+                              .meta(key: "b", value: "2"), .removeEntry(parent: 1, name: "x"), .meta(key: "a", value: "3")]
+        let kept = IndexOp.lastPerRow(ops).map { "\($0)" }
+        #expect(kept == ["\(ops[2])", "\(ops[3])", "\(ops[4])"])
+    }
+
     @Test func aCutOffOrDamagedTailIsDroppedAndTheLogGoesOn() throws {
         let d = try TestDevice(store: InMemoryStore())
         defer { d.cleanUp() }

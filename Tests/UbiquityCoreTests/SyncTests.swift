@@ -227,7 +227,7 @@ import Glibc
             try store.putBlob(hash, data: Data("content".utf8))
             for (path, mode) in modes(root) {
                 var isDirectory: ObjCBool = false
-                FileManager.default.fileExists(atPath: root.appendingPathComponent(path).path, isDirectory: &isDirectory)
+                _ = FileManager.default.fileExists(atPath: root.appendingPathComponent(path).path, isDirectory: &isDirectory)
                 let expected: mode_t = isDirectory.boolValue ? (shared ? 0o2770 : 0o700)
                                                              : (path == FolderStore.markerName && shared ? 0o644 : (shared ? 0o640 : 0o600))
                 #expect(mode == expected, "\(shared ? "shared" : "private") store: \(path) is \(String(mode, radix: 8))")

@@ -267,6 +267,36 @@ def test_kill9_right_after_a_burst_of_metadata_changes(make_device):
     assert not d, f"after kill -9 the tree differs from what was acknowledged ({replayed}):\n{d}"
 
 
+def test_kill9_right_after_closing_new_files_keeps_their_content_and_times(make_device):
+    """A new file's close does not reach the daemon (FOPEN_NOFLUSH): its
+    writes are kept as they are made. kill -9 right after the last close:
+    every file is there with its bytes and size, its mtime as seen before
+    (to the file system's clock granularity), and a time set by utime
+    (as tar and cp -p do after writing) exactly."""
+    a = make_device("a")
+    root = a.mountpoint / "new"
+    root.mkdir()
+    rng = random.Random(7)
+    for i in range(300):
+        data = rng.randbytes(rng.choice([0, 1, 100, 4096, 70_000, 300_000]))
+        fd = os.open(root / f"f{i:03d}", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        for off in range(0, len(data), 65536):
+            os.write(fd, data[off:off + 65536])
+        os.close(fd)
+    os.utime(root / "f007", ns=(1_000_000_000_123_456_789, 1_000_000_000_123_456_789))
+    expected = tree_digest(a.mountpoint)
+    seen = mtimes(a.mountpoint)
+    a.kill9()
+
+    a.mount()
+    d = digest_diff(expected, tree_digest(a.mountpoint))
+    assert not d, f"after kill -9 the new files differ from what close() acknowledged:\n{d}"
+    after = mtimes(a.mountpoint)
+    assert after["new/f007"] == 1_000_000_000_123_456_789
+    off = {rel: after[rel] - t for rel, t in seen.items() if rel.startswith("new/f") and abs(after[rel] - t) > 20_000_000}
+    assert not off, f"mtimes moved by more than 20 ms after kill -9 (ns): {off}"
+
+
 # --------------------------------------------------------------------------
 # clean unmount / remount
 # --------------------------------------------------------------------------

@@ -1,0 +1,219 @@
+import Foundation
+import Testing
+@testable import UbiquityReplica
+import UbiquityStore
+
+/// The namespace's resident form (`NodeStore`): whatever a node, an entry
+/// or an ID mapping holds reads back exactly as it was written, checked
+/// against plain dictionaries over random values and random sequences of
+/// changes (names shared between entries and nodes, names compacted,
+/// indexes grown and shrunk, IDs that are and are not UUIDs).
+@Suite struct NodeStoreTests {
+    struct Random: RandomNumberGenerator {
+        var state: UInt64
+        mutating func next() -> UInt64 {
+            state &+= 0x9E37_79B9_7F4A_7C15
+            var z = state
+            z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
+            z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
+            return z ^ (z >> 31)
+        }
+    }
+
+    /// Every field of a node, as text (xattrs sorted).
+    static func describe(_ n: LocalNode) -> String {
+        var copy = n
+        let xattrs = n.xattrs.sorted { $0.key < $1.key }.map { "\($0.key)=\($0.value.base64EncodedString())" }
+        copy.xattrs = [:]
+        return "\(copy) id=\(n.id) hash=\(n.hash ?? "-") verified=\(n.verifiedHash ?? "-") xattrs=\(xattrs)"
+    }
+
+    /// What the store gives back for `n`: the same node, except that
+    /// `lastContentChange` is kept only while there is content to push.
+    static func expected(_ n: LocalNode) -> String {
+        var n = n
+        if !n.hasUnpushedContent { n.lastContentChange = 0 }
+        return describe(n)
+    }
+
+    static func pick<T>(_ values: [T], _ r: inout Random) -> T { values[Int(r.next() % UInt64(values.count))] }
+
+    static let hashes: [String?] = [nil, String(repeating: "ab", count: 32), ContentCopy.hash(of: Data("x".utf8)),
+                                     "abc", String(repeating: "AB", count: 32), ""]
+    static let times: [Timespec] = [Timespec(sec: 1_700_000_000, nsec: 5), Timespec(sec: 0, nsec: 0),
+                                    Timespec(sec: -5, nsec: 999_999_999), Timespec(sec: Int64.max, nsec: 1),
+                                    Timespec(sec: 1, nsec: 2_000_000_000), Timespec(sec: 1_800_000_000, nsec: 123_456_789)]
+    static let counters: [UInt64] = [0, 1, 7, 0xFF, 0x100, 0xFFFF, 0x1_0000, 0xFFFF_FFFF, 0x1_0000_0000, 1 << 48, UInt64.max]
+
+    static func randomNode(ino: UInt64, _ r: inout Random) -> LocalNode {
+        let ids: [NodeID] = [.random(), .random(), "root", "documents", NodeID.random().uppercased(), "an-id", ""]
+        let kind = pick([NodeKind.file, .file, .directory, .symlink, .fifo, .charDevice], &r)
+        var n = LocalNode(ino: ino, id: pick(ids, &r), kind: kind, mode: pick([0o100644, 0o40755, 0o777, 0x1_2345], &r),
+                          uid: pick([0, 1000, UInt32.max], &r), gid: pick([0, 100, 70000], &r),
+                          size: pick(counters, &r), rdev: pick([0, 0, 0x0803], &r),
+                          target: kind == .symlink ? pick(["t", "../x/y"], &r) : nil, time: pick(times, &r))
+        n.hash = pick(hashes, &r)
+        n.hashSize = pick([n.size, n.size, 0, 42], &r)
+        n.chunked = r.next() & 1 == 0
+        n.mtime = pick(times, &r)
+        n.ctime = pick([n.mtime, n.mtime, pick(times, &r)], &r)
+        n.btime = pick(times, &r)
+        n.atime = pick([n.btime, n.mtime, n.ctime, pick(times, &r)], &r)
+        if r.next() % 4 == 0 { n.xattrs = ["user.a": Data([1, 2]), "user.b": Data()] }
+        n.hasContent = r.next() & 1 == 0
+        n.contentGeneration = pick(counters, &r)
+        n.pushedGeneration = pick([n.contentGeneration, n.contentGeneration, 0, pick(counters, &r)], &r)
+        n.version = pick(counters, &r)
+        n.change = pick(counters, &r)
+        n.pushed = pick([n.change, n.change, 0, pick(counters, &r)], &r)
+        n.nlink = UInt32(truncatingIfNeeded: pick(counters, &r))
+        n.unlinked = r.next() & 1 == 0
+        n.lastParent = pick([0, 1, 2, 1 << 50], &r)
+        n.lastName = pick(["", "name", "ü", FileName(bytes: [0xff, 0xfe])], &r)
+        if r.next() % 4 == 0 { n.conflicts = [.random(), "x"] }
+        n.pinned = r.next() & 1 == 0
+        n.author = pick(["", "device-a", "device-b"], &r)
+        n.verifiedHash = pick([nil, n.hash, pick(hashes, &r)], &r)
+        n.unacknowledgedWrites = r.next() & 1 == 0
+        n.lookups = pick(counters, &r)
+        n.openCount = pick([0, 0, 1, -1, Int32.max], &r)
+        n.openWriters = pick([0, 0, 2], &r)
+        n.opening = pick([0, 0, 1], &r)
+        n.writesInFlight = pick([0, 0, 3], &r)
+        n.lastContentChange = pick(counters, &r)
+        n.lastAccess = pick(counters, &r)
+        n.contentEpoch = UInt32(truncatingIfNeeded: pick(counters, &r))
+        n.kernelEpoch = pick([n.contentEpoch, n.contentEpoch &- 1, 0, 77], &r)
+        return n
+    }
+
+    @Test func everyNodeReadsBackAsWritten() {
+        var r = Random(state: 1)
+        let store = NodeStore()
+        var model: [UInt64: LocalNode] = [:]
+        for round in 0..<20_000 {
+            let ino = 1 + r.next() % 3_000
+            if round % 7 == 6 {
+                store.remove(ino)
+                model[ino] = nil
+            } else {
+                let n = Self.randomNode(ino: ino, &r)
+                store.set(n)
+                model[ino] = n
+            }
+        }
+        #expect(store.count == model.count)
+        for (ino, n) in model { #expect(store.node(ino).map(Self.describe) == Self.expected(n)) }
+        var seen = 0
+        for (ino, n) in Namespace(store: store).nodes {
+            seen += 1
+            #expect(Self.describe(n) == model[ino].map(Self.expected))
+        }
+        #expect(seen == model.count)
+    }
+
+    /// Entries, last names that share their entry's bytes, and the ID map,
+    /// under random changes, against dictionaries.
+    @Test func entriesNamesAndIDsMatchDictionaries() {
+        var r = Random(state: 2)
+        let store = NodeStore()
+        var nodes: [UInt64: LocalNode] = [:]
+        var dirs: [UInt64: [FileName: DirEntry]] = [:]
+        var ids: [NodeID: UInt64] = [:]
+        let idPool: [NodeID] = (0..<40).map { $0 % 5 == 0 ? "id-\($0)" : NodeID.random() }
+        func randomName() -> FileName {
+            let base = Self.pick(["a", "file-", String(repeating: "long-name-", count: 20), "ü"], &r)
+            return FileName(base + String(r.next() % 60))
+        }
+        var cookie: UInt64 = 3
+        for round in 0..<40_000 {
+            let ino = 1 + r.next() % 120
+            let dir = 1 + r.next() % 6
+            switch r.next() % 10 {
+            case 0, 1:
+                // A node (re)written: its last name is often the name of an entry naming it.
+                var n = Self.randomNode(ino: ino, &r)
+                n.id = Self.pick(idPool, &r)
+                if let (parent, name) = dirs.lazy.flatMap({ d in d.value.lazy.map { (d.key, $0.key, $0.value.ino) } })
+                    .first(where: { $0.2 == ino }).map({ ($0.0, $0.1) }), r.next() & 1 == 0 {
+                    n.lastParent = parent
+                    n.lastName = name
+                }
+                store.set(n)
+                nodes[ino] = n
+            case 2:
+                store.remove(ino)
+                nodes[ino] = nil
+            case 3, 4, 5:
+                let name = randomName()
+                cookie += 1
+                store.setEntry(dir, name, DirEntry(ino: ino, cookie: cookie))
+                dirs[dir, default: [:]][name] = DirEntry(ino: ino, cookie: cookie)
+                // Linking sets the node's last name, as `Namespace.linkEntry` does.
+                if var n = nodes[ino] {
+                    n.lastParent = dir
+                    n.lastName = name
+                    store.set(n)
+                    nodes[ino] = n
+                }
+            case 6, 7:
+                let name = dirs[dir].flatMap { $0.isEmpty ? nil : Array($0.keys)[Int(r.next() % UInt64($0.count))] } ?? randomName()
+                let removed = store.removeEntry(dir, name)
+                #expect(removed?.ino == dirs[dir]?[name]?.ino)
+                dirs[dir]?[name] = nil
+            case 8:
+                if round % 50 == 0 {
+                    store.setDirectory(dir, r.next() & 1 == 0 ? nil : Directory())
+                    dirs[dir] = store.dirs[dir] == nil ? nil : [:]
+                }
+            default:
+                let id = Self.pick(idPool, &r)
+                let target: UInt64? = r.next() % 3 == 0 ? nil : ino
+                store.setIno(target, forID: StoredID(id))
+                ids[id] = target
+            }
+            if round % 997 == 0 || round == 39_999 {
+                for (ino, n) in nodes { #expect(store.node(ino).map(Self.describe) == Self.expected(n), "node \(ino) round \(round)") }
+                for (dir, entries) in dirs {
+                    let table = store.dirs[dir]
+                    #expect(table?.count ?? 0 == entries.count)
+                    for (name, entry) in entries {
+                        #expect(table?[name]?.ino == entry.ino && table?[name]?.cookie == entry.cookie)
+                    }
+                    let listed = Dictionary(uniqueKeysWithValues: (table ?? Directory()).map { ($0.key, $0.value.ino) })
+                    #expect(listed == entries.mapValues(\.ino))
+                }
+                for id in idPool { #expect(store.ino(forID: StoredID(id)) == ids[id], "id \(id) round \(round)") }
+                let listed = Dictionary(uniqueKeysWithValues: store.idMappings().map { ($0.key, $0.value) })
+                #expect(listed == ids.compactMapValues { $0 })
+            }
+        }
+    }
+
+    /// A copy of a namespace does not see changes made to the original, nor the other way round.
+    @Test func copiesAreIndependent() {
+        var a = Namespace()
+        let dir = a.createNode(kind: .directory, mode: 0o755, uid: 0, gid: 0)
+        let file = a.createNode(kind: .file, mode: 0o644, uid: 0, gid: 0)
+        a.linkEntry(dir, "f", file)
+        var b = a
+        let view = a.nodes
+        b.update(file) { $0.size = 9 }
+        b.unlinkEntry(dir, "f")
+        #expect(a.node(file)?.size == 0)
+        #expect(a.lookup(dir, "f") == file)
+        #expect(view[file]?.size == 0)
+        #expect(b.node(file)?.size == 9)
+        #expect(b.lookup(dir, "f") == nil)
+        #expect(b.node(file)?.lastName == "f")
+        a.update(file) { $0.mode = 0o600 }
+        #expect(b.node(file)?.mode == 0o644)
+    }
+}
+
+extension Namespace {
+    init(store: NodeStore) {
+        self.init()
+        self.store = store
+    }
+}

@@ -1,0 +1,66 @@
+import Foundation
+import Synchronization
+import Testing
+@testable import UbiquityStore
+
+/// `Parallel.map`: results in order, callers running at once share one
+/// bounded set of helper threads, and a call made from inside another
+/// call's work still finishes.
+@Suite(.serialized) struct ParallelTests {
+    /// Threads of this process named like `Parallel`'s helpers.
+    static func helperThreads() -> Int {
+        let tasks = (try? FileManager.default.contentsOfDirectory(atPath: "/proc/self/task")) ?? []
+        return tasks.filter { tid in
+            (try? String(contentsOfFile: "/proc/self/task/\(tid)/comm", encoding: .utf8))?
+                .trimmingCharacters(in: .whitespacesAndNewlines) == "ubq-io"
+        }.count
+    }
+
+    @Test func resultsComeBackInOrder() {
+        let items = Array(0..<500)
+        let doubled = Parallel.map(items, width: 8) { item -> Int in
+            if item % 50 == 0 { usleep(2_000) }   // some items finish late
+            return item * 2
+        }
+        #expect(doubled == items.map { $0 * 2 })
+    }
+
+    @Test func callersAtOnceShareTheBoundedHelpers() {
+        let peak = Atomic<Int>(0)
+        let running = Atomic<Int>(0)
+        let callers = 12
+        let done = DispatchSemaphore(value: 0)
+        for caller in 0..<callers {
+            let thread = Thread {
+                let results = Parallel.map(Array(0..<40), width: 16) { item -> Int in
+                    let now = running.add(1, ordering: .relaxed).newValue
+                    peak.max(now, ordering: .relaxed)
+                    usleep(3_000)
+                    running.subtract(1, ordering: .relaxed)
+                    return item + caller
+                }
+                #expect(results == (0..<40).map { $0 + caller })
+                done.signal()
+            }
+            thread.start()
+        }
+        // Sample while the callers work: never more helpers than the pool's limit.
+        var mostHelpers = 0
+        var finished = 0
+        while finished < callers {
+            mostHelpers = max(mostHelpers, Self.helperThreads())
+            if done.wait(timeout: .now() + .milliseconds(5)) == .success { finished += 1 }
+        }
+        #expect(mostHelpers > 0, "no helper thread was seen: the work ran on the callers alone")
+        #expect(mostHelpers <= HelperPool.limit, "\(mostHelpers) helper threads for \(callers) callers at once")
+        // Items in flight: at most the helpers and the callers themselves.
+        #expect(peak.load(ordering: .relaxed) <= HelperPool.limit + callers)
+    }
+
+    @Test func aCallInsideAnotherCallsWorkFinishes() {
+        let sums = Parallel.map(Array(0..<20), width: 16) { outer -> Int in
+            Parallel.map(Array(0..<20), width: 16) { inner in outer * inner }.reduce(0, +)
+        }
+        #expect(sums == (0..<20).map { $0 * 190 })
+    }
+}
