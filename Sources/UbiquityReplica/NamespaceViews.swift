@@ -13,6 +13,8 @@ public struct NodeTable: Sequence, Sendable {
     let store: NodeStore
 
     public subscript(ino: UInt64) -> LocalNode? { store.node(ino) }
+    /// The fields of node `ino` a scan over many items reads, without making the node.
+    public func summary(_ ino: UInt64) -> NodeSummary? { store.slot(of: ino).map { store.summary(slot: $0) } }
     public var count: Int { store.count }
     public var isEmpty: Bool { store.count == 0 }
     /// The inode numbers, without reading the nodes.
@@ -39,6 +41,16 @@ public struct NodeTable: Sequence, Sendable {
 
     public func makeIterator() -> Iterator { Iterator(store: store) }
     public var underestimatedCount: Int { store.count }
+}
+
+/// What a scan over many items reads of a node (`NodeTable.summary`): the
+/// same values as the node's fields of these names.
+public struct NodeSummary: Sendable, Equatable {
+    public let kind: NodeKind
+    public let size: UInt64
+    public let btime: Timespec
+    public let mtime: Timespec
+    public let pinned: Bool
 }
 
 /// Every directory's entries by the directory's inode number (`Namespace.children`).

@@ -151,25 +151,28 @@ extension SyncEngine {
             guard let entries = ns.children[dir] else { continue }
             let shownPrefix = showDirectory(prefix)
             for (name, entry) in entries {
-                // The node is read in place (`map` on the table's value), not
-                // copied out: a copy retains every field, 100,000 times a query.
-                ns.nodes[entry.ino].map { node in
-                    let pinned = pinnedAbove || node.pinned
+                // Only what the view shows is read, in place: a whole node
+                // (`LocalNode`) is made for a status or a kept item only.
+                guard let summary = ns.nodes.summary(entry.ino) else { continue }
+                let pinned = pinnedAbove || summary.pinned
+                let isDirectory = summary.kind == .directory
+                func itemStatus() -> ItemStatus {
+                    let node = ns.nodes[entry.ino]!
                     // (No job key to hash when nothing downloads, the usual case.)
                     let job = jobs.isEmpty ? nil : jobs[DownloadBoard.JobKey(ino: entry.ino, hash: node.hash)]
-                    let isDirectory = node.kind == .directory
-                    let view = ItemView(ino: entry.ino, fileName: name, directory: prefix, shownDirectory: shownPrefix,
-                                        isDirectory: isDirectory, size: node.size,
-                                        created: node.btime, modified: node.mtime,
-                                        status: status ? ItemStatus.make(node, pinned: pinned, download: job, sync: sync) : nil)
-                    if keep(view) {
-                        out.append(ItemRecord(ino: entry.ino, path: view.path, name: view.name,
-                                              isDirectory: isDirectory, size: node.size,
-                                              created: node.btime, modified: node.mtime,
-                                              status: view.status ?? ItemStatus.make(node, pinned: pinned, download: job, sync: sync)))
-                    }
-                    if isDirectory { stack.append((entry.ino, view.path, pinned)) }
+                    return ItemStatus.make(node, pinned: pinned, download: job, sync: sync)
                 }
+                let view = ItemView(ino: entry.ino, fileName: name, directory: prefix, shownDirectory: shownPrefix,
+                                    isDirectory: isDirectory, size: summary.size,
+                                    created: summary.btime, modified: summary.mtime,
+                                    status: status ? itemStatus() : nil)
+                if keep(view) {
+                    out.append(ItemRecord(ino: entry.ino, path: view.path, name: view.name,
+                                          isDirectory: isDirectory, size: summary.size,
+                                          created: summary.btime, modified: summary.mtime,
+                                          status: view.status ?? itemStatus()))
+                }
+                if isDirectory { stack.append((entry.ino, view.path, pinned)) }
             }
         }
         return out

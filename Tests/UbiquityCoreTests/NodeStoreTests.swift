@@ -104,6 +104,12 @@ import UbiquityStore
         }
         #expect(store.count == model.count)
         for (ino, n) in model { #expect(store.node(ino).map(Self.describe) == Self.expected(n)) }
+        // A scan's summary of a node: the same values as the node's fields.
+        let table = Namespace(store: store).nodes
+        for (ino, n) in model {
+            #expect(table.summary(ino) == NodeSummary(kind: n.kind, size: n.size, btime: n.btime, mtime: n.mtime, pinned: n.pinned))
+        }
+        #expect(table.summary(999_999) == nil)
         var seen = 0
         for (ino, n) in Namespace(store: store).nodes {
             seen += 1
