@@ -85,6 +85,13 @@ final class HelperPool: Sendable {
 
     private init(lowered: Bool) { self.lowered = lowered }
 
+    /// Threads the pool has now (busy or waiting for work).
+    var threadCount: Int {
+        condition.lock()
+        defer { condition.unlock() }
+        return state.threads
+    }
+
     /// Queue `job` for `helpers` threads, starting threads up to the limit.
     func run(_ job: @escaping @Sendable () -> Void, helpers: Int) {
         guard helpers > 0 else { return }
