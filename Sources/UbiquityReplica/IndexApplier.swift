@@ -5,9 +5,10 @@ import UbiquityStore
 ///
 /// `Replica` hands over each record it appended (`enqueue`, under
 /// `Replica.writer`); one thread waits `gatherDelay` after the first, takes
-/// everything queued and writes it in one SQLite transaction together with `meta.log_applied` (the number of the
-/// last record in it), then checkpoints when due and lets the replica empty
-/// the log once SQLite holds it all. Many operations share a transaction:
+/// everything queued and writes it in one SQLite transaction together with
+/// `meta.log_applied` (the number of the last record in it), then
+/// checkpoints when due and tells the replica what SQLite holds now, which
+/// empties or rotates the log (`Replica.trimLog`). Many operations share a transaction:
 /// a burst of creates costs a few WAL pages instead of a few per create.
 ///
 /// A write SQLite refuses (a full disk) is retried a second later; nothing
@@ -15,13 +16,13 @@ import UbiquityStore
 /// `drain` (closing the replica) waits for the queue to empty.
 ///
 /// Lock order: `Replica.writer` → `condition`. The thread holds no lock
-/// while it writes SQLite, and takes `Replica.writer` (through `idle`) only
-/// without `condition`.
+/// while it writes SQLite, and takes `Replica.writer` (through `applied`)
+/// only without `condition`.
 final class IndexApplier: @unchecked Sendable {
     let index: Index
-    /// Called with no lock held after a batch is applied and the queue is
-    /// empty: the replica empties the log if it is due.
-    let idle: @Sendable () -> Void
+    /// Called with no lock held after each batch, with the number of the
+    /// last record SQLite now holds: the replica trims the log.
+    let applied: @Sendable (UInt64) -> Void
     /// Guards the fields below.
     let condition = NSCondition()
     /// Records appended and not yet in SQLite, kept encoded (decoded by the thread).
@@ -36,10 +37,10 @@ final class IndexApplier: @unchecked Sendable {
     /// committed once it is in the log; this only delays SQLite's copy).
     static let gatherDelay = 0.05
 
-    init(index: Index, appliedSeq: UInt64, idle: @escaping @Sendable () -> Void) {
+    init(index: Index, appliedSeq: UInt64, applied: @escaping @Sendable (UInt64) -> Void) {
         self.index = index
         self.appliedSeq = appliedSeq
-        self.idle = idle
+        self.applied = applied
         Thread.run(named: "ubq-index") { [self] in run() }
     }
 
@@ -52,7 +53,7 @@ final class IndexApplier: @unchecked Sendable {
     }
 
     /// Number of the last record SQLite holds.
-    var applied: UInt64 {
+    var appliedUpTo: UInt64 {
         condition.lock()
         defer { condition.unlock() }
         return appliedSeq
@@ -119,12 +120,11 @@ final class IndexApplier: @unchecked Sendable {
                 queue.removeFirst(taken)
                 appliedSeq = last
                 failure = nil
-                let empty = queue.isEmpty
                 condition.broadcast()
                 condition.unlock()
                 reported = nil
                 index.checkpointIfDue()
-                if empty { idle() }
+                applied(last)
             } catch {
                 let message = UbiquityError.wrap(error).message
                 condition.lock()

@@ -14,22 +14,30 @@ import Glibc
 /// `synchronous=NORMAL` did (a power loss may lose what the kernel had not
 /// written back, as before). `IndexApplier` then writes the records to
 /// SQLite in the background, many per SQLite transaction, with the number
-/// of the last one (`meta.log_applied`) in the same transaction; once
-/// SQLite holds every record, the log is emptied (`truncate`).
+/// of the last one (`meta.log_applied`) in the same transaction.
+///
+/// **Keeping it small.** Once the log has grown past a few MiB it is
+/// emptied (`truncate`) if SQLite holds all of it, and otherwise *rotated*:
+/// renamed to `index.log.1` (the previous segment) while appends go on in a
+/// new `index.log`; the previous segment is deleted as soon as SQLite holds
+/// its last record. Under a sustained load the applier never catches up
+/// with the very last record, so waiting for that would let the log grow
+/// without bound; with rotation it stays within about two segments plus
+/// what the applier is truly behind by.
 ///
 /// Opening a replica replays the records SQLite lacks (`seq >
-/// log_applied`) before the namespace is loaded. A record is used only
-/// whole: a length past the end of the file or a checksum that does not
-/// match ends the log there (a write cut short by a full disk, or a power
-/// loss), and that tail is cut off.
+/// log_applied`), from both segments, before the namespace is loaded. A
+/// record is used only whole: a length past the end of the file or a
+/// checksum that does not match ends the segment there (a write cut short
+/// by a full disk, or a power loss), and that tail is cut off.
 ///
 /// Record: `u32 payload length, u32 CRC-32 of (seq ‖ payload), u64 seq`,
 /// then the payload: `u32 op count` and the ops (`IndexOpCodec`), all
 /// little-endian. Sequence numbers only grow (they continue from
-/// `log_applied` when the log is empty).
+/// `log_applied` when the log is empty), across segments too.
 ///
-/// Appends happen under `Replica.writer`; `size` and `lastSeq` are guarded
-/// by it.
+/// Appends, rotation and emptying happen under `Replica.writer`; `fd`,
+/// `size`, `lastSeq` and `previousLastSeq` are guarded by it.
 final class OperationLog: @unchecked Sendable {
     struct Record {
         var seq: UInt64
@@ -53,25 +61,66 @@ final class OperationLog: @unchecked Sendable {
 
     static let headerSize = 16
     let path: String
-    let fd: Int32
-    /// Bytes in the log (the end of the last whole record).
+    /// The previous segment: records appended before the last rotation.
+    var previousPath: String { Self.previousPath(path) }
+    static func previousPath(_ path: String) -> String { path + ".1" }
+    private(set) var fd: Int32
+    /// Bytes in the current segment (the end of its last whole record).
     private(set) var size: Int
     /// Number of the last record appended (or applied, when the log is empty).
     var lastSeq: UInt64 = 0
+    /// Number of the last record of the previous segment; nil when there is none.
+    private(set) var previousLastSeq: UInt64?
 
-    /// Open (creating it if needed) the log at `path` and read its whole
-    /// records; a damaged or cut-off tail is removed.
+    /// Open (creating it if needed) the log at `path`; `readRecords` reads it.
     init(path: String) throws {
         self.path = path
-        fd = open(path, O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC, 0o600)
-        guard fd >= 0 else { throw UbiquityError.posix("open the replica's operation log \(path)") }
+        fd = try Self.openSegment(path)
         size = 0
     }
 
     deinit { close(fd) }
 
-    /// The whole records in the log, in order; cuts off anything after them.
+    private static func openSegment(_ path: String) throws -> Int32 {
+        let fd = open(path, O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC, 0o600)
+        guard fd >= 0 else {
+            if errno == ENOSPC || errno == EDQUOT {
+                throw UbiquityError(ENOSPC, "the replica's disk is full: cannot open its operation log \(path)")
+            }
+            throw UbiquityError.posix("open the replica's operation log \(path)")
+        }
+        return fd
+    }
+
+    /// The whole records of both segments, in order; cuts off anything
+    /// after the whole records of the current one.
     func readRecords() throws -> [Record] {
+        var previous: [Record] = []
+        if let bytes = try Self.contents(previousPath) {
+            previous = Self.parse(bytes).records
+            if let last = previous.last { previousLastSeq = last.seq } else { unlink(previousPath) }
+        }
+        guard let bytes = try Self.contents(fd: fd, path: path) else { return previous }
+        let (records, offset) = Self.parse(bytes)
+        if offset < bytes.count {
+            guard ftruncate(fd, off_t(offset)) == 0 else { throw UbiquityError.posix("cut the damaged tail of \(path)") }
+        }
+        size = offset
+        return previous + records
+    }
+
+    /// The bytes of the segment at `path`; nil if there is none.
+    static func contents(_ path: String) throws -> [UInt8]? {
+        let fd = open(path, O_RDONLY | O_CLOEXEC)
+        guard fd >= 0 else {
+            if errno == ENOENT { return nil }
+            throw UbiquityError.posix("open \(path)")
+        }
+        defer { close(fd) }
+        return try contents(fd: fd, path: path)
+    }
+
+    private static func contents(fd: Int32, path: String) throws -> [UInt8]? {
         var st = stat()
         guard fstat(fd, &st) == 0 else { throw UbiquityError.posix("stat \(path)") }
         var bytes = [UInt8](repeating: 0, count: Int(st.st_size))
@@ -82,12 +131,15 @@ final class OperationLog: @unchecked Sendable {
             guard n > 0 else { throw UbiquityError.posix("read \(path)") }
             done += n
         }
-        let (records, offset) = Self.parse(bytes)
-        if offset < bytes.count {
-            guard ftruncate(fd, off_t(offset)) == 0 else { throw UbiquityError.posix("cut the damaged tail of \(path)") }
-        }
-        size = offset
-        return records
+        return bytes.isEmpty ? nil : bytes
+    }
+
+    /// Every whole record of the log at `path`, both segments, read
+    /// without changing anything (for a reader without the replica's lock).
+    static func records(atPath path: String) throws -> [Record] {
+        let previous = try contents(previousPath(path)).map { parse($0).records } ?? []
+        let current = try contents(path).map { parse($0).records } ?? []
+        return previous + current
     }
 
     /// The whole records at the start of `bytes`, and where they end.
@@ -133,9 +185,34 @@ final class OperationLog: @unchecked Sendable {
         return Encoded(seq: seq, opCount: ops.count, bytes: bytes)
     }
 
-    /// Empty the log (every record is in SQLite; the caller holds `Replica.writer`).
+    /// Empty the log, both segments (every record is in SQLite; the caller
+    /// holds `Replica.writer`).
     func truncate() {
+        removePrevious()
         if ftruncate(fd, 0) == 0 { size = 0 }
+    }
+
+    /// Delete the previous segment (SQLite holds all of it).
+    func removePrevious() {
+        guard previousLastSeq != nil else { return }
+        if unlink(previousPath) == 0 || errno == ENOENT { previousLastSeq = nil }
+    }
+
+    /// Make the current segment the previous one and go on in a new, empty
+    /// one. Only while there is no previous segment; on any failure the log
+    /// stays as it was (appends go on in the current segment).
+    func rotate() {
+        guard previousLastSeq == nil, size > 0 else { return }
+        guard rename(path, previousPath) == 0 else { return }
+        guard let newFD = try? Self.openSegment(path) else {
+            // No room for a new file: keep the one we have.
+            _ = rename(previousPath, path)
+            return
+        }
+        close(fd)
+        fd = newFD
+        previousLastSeq = lastSeq
+        size = 0
     }
 
     static func encode(seq: UInt64, _ ops: [IndexOp]) -> [UInt8] {

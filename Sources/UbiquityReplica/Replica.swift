@@ -49,13 +49,16 @@ public final class Replica: Sendable {
     let lockFD: Int32
     let lockReleased = Mutex(false)
     let reserve: SpaceReserve
+    /// Past this size the operation log's current segment is emptied or rotated.
+    let logSegmentSize: Int
 
     /// Open (creating if needed) the replica in `directory` and take its
     /// lock: a second daemon on the same replica is refused with `EBUSY`.
     /// The replica is its owner's only (folders 0700, index 0600) whatever
     /// the umask: it holds every name and the downloaded content.
-    public init(directory: URL, rootOwner: (uid: UInt32, gid: UInt32)) throws {
+    public init(directory: URL, rootOwner: (uid: UInt32, gid: UInt32), logSegmentSize: Int = 4 << 20) throws {
         self.directory = directory
+        self.logSegmentSize = logSegmentSize
         cacheDirectory = directory.appendingPathComponent("cache")
         cacheDirectoryPath = cacheDirectory.path
         let fm = FileManager.default
@@ -99,7 +102,7 @@ public final class Replica: Sendable {
             throw error
         }
         let owner = WeakReplica()
-        applier = IndexApplier(index: index, appliedSeq: log.lastSeq) { owner.replica?.emptyLogIfDue() }
+        applier = IndexApplier(index: index, appliedSeq: log.lastSeq) { owner.replica?.trimLog(applied: $0) }
         owner.replica = self
         try persist()
     }
@@ -132,22 +135,23 @@ public final class Replica: Sendable {
             }
         }
         log.lastSeq = max(applied, records.last?.seq ?? 0)
-        if log.size > 0 {
+        if log.size > 0 || log.previousLastSeq != nil {
             index.checkpointAll()
             log.truncate()
         }
         return missing.count
     }
 
-    /// The log is emptied once SQLite holds all of it and it has grown past this.
-    static let logEmptyingSize = 4 << 20
 
-    /// Empty the operation log if SQLite holds every record and it is big
-    /// enough to be worth it (called by `IndexApplier` when idle).
-    func emptyLogIfDue() {
+    /// Keep the operation log small (called by `IndexApplier` after each
+    /// batch it wrote): delete the previous segment once SQLite holds it;
+    /// past `logSegmentSize`, empty the log if SQLite holds all of it, or
+    /// else rotate it.
+    func trimLog(applied: UInt64) {
         writer.withLock { _ in
-            guard log.size >= Self.logEmptyingSize, applier.applied == log.lastSeq else { return }
-            log.truncate()
+            if let previous = log.previousLastSeq, applied >= previous { log.removePrevious() }
+            guard log.size >= logSegmentSize else { return }
+            if applied == log.lastSeq { log.truncate() } else { log.rotate() }
         }
     }
 
@@ -159,7 +163,7 @@ public final class Replica: Sendable {
         try applier.drain()
         writer.withLock { _ in
             index.checkpointAll()
-            if applier.applied == log.lastSeq { log.truncate() }
+            if applier.appliedUpTo == log.lastSeq { log.truncate() }
         }
     }
 
@@ -188,11 +192,8 @@ public final class Replica: Sendable {
         let index = try Index(path: path, readOnly: true)
         // Changes the daemon logged but had not copied into SQLite yet.
         let logPath = directory.appendingPathComponent("index.log").path
-        guard let bytes = FileManager.default.contents(atPath: logPath).map({ [UInt8]($0) }), !bytes.isEmpty else {
-            return try index.load()
-        }
         let applied = try index.logApplied()
-        let missing = OperationLog.parse(bytes).records.filter { $0.seq > applied }
+        let missing = try OperationLog.records(atPath: logPath).filter { $0.seq > applied }
         guard !missing.isEmpty else { return try index.load() }
         let copy = try Index(copyOf: index)
         try copy.write(missing.flatMap(\.ops))

@@ -175,3 +175,104 @@ import Glibc
         }
     }
 }
+
+/// Under a sustained load SQLite never holds the very last record, so the
+/// log is rotated rather than emptied: it stays about two segments long,
+/// and a crash at any point still replays everything SQLite lacks.
+@Suite struct OperationLogRotationTests {
+    func addFolders(_ replica: Replica, _ names: some Sequence<String>) throws {
+        for name in names {
+            try replica.transaction(.grows) { ns in
+                let ino = ns.createNode(kind: .directory, mode: 0o755, uid: 0, gid: 0)
+                ns.linkEntry(Namespace.rootIno, FileName(name), ino)
+            }
+        }
+    }
+
+    func rootNames(_ replica: Replica) -> [String] {
+        replica.withNamespace { ns in ns.children[Namespace.rootIno]!.keys.map(\.description).sorted() }
+    }
+
+    @Test func aLogSQLiteIsBehindOnIsRotatedAndBothSegmentsReplay() throws {
+        let d = try TestDevice(store: InMemoryStore())
+        defer { d.cleanUp() }
+        d.replica.releaseLock()
+        let replica = try Replica(directory: d.directory, rootOwner: (0, 0), logSegmentSize: 2048)
+        replica.applier.stop()   // SQLite gets nothing: it stays behind on every record
+        let previousPath = replica.log.previousPath
+        try addFolders(replica, (0..<20).map { "a\($0)" })
+        #expect(replica.log.size >= 2048)
+
+        // Behind: the current segment becomes the previous one.
+        let firstSegmentEnd = replica.log.lastSeq
+        replica.trimLog(applied: 0)
+        #expect(replica.log.size == 0)
+        #expect(replica.log.previousLastSeq == firstSegmentEnd)
+        #expect(FileManager.default.fileExists(atPath: previousPath))
+
+        // Still behind on the previous segment: no second rotation, the current one grows.
+        try addFolders(replica, (0..<20).map { "b\($0)" })
+        replica.trimLog(applied: firstSegmentEnd - 1)
+        #expect(replica.log.previousLastSeq == firstSegmentEnd)
+        #expect(replica.log.size >= 2048)
+
+        // A reader without the lock, and a crash: both segments replay.
+        let expected = replica.withNamespace { OperationLogTests.persisted($0) }
+        #expect(OperationLogTests.persisted(try Replica.readNamespace(directory: d.directory)) == expected)
+        replica.releaseLock()
+        let reopened = try Replica(directory: d.directory, rootOwner: (0, 0), logSegmentSize: 2048)
+        #expect(reopened.withNamespace { OperationLogTests.persisted($0) } == expected)
+        #expect(rootNames(reopened).count == 40)
+        #expect(!FileManager.default.fileExists(atPath: previousPath))
+        #expect(reopened.log.size == 0)
+        reopened.releaseLock()
+    }
+
+    @Test func thePreviousSegmentGoesOnceSQLiteHoldsItAndACaughtUpLogIsEmptied() throws {
+        let d = try TestDevice(store: InMemoryStore())
+        defer { d.cleanUp() }
+        d.replica.releaseLock()
+        let replica = try Replica(directory: d.directory, rootOwner: (0, 0), logSegmentSize: 2048)
+        replica.applier.stop()
+        try addFolders(replica, (0..<20).map { "a\($0)" })
+        replica.trimLog(applied: 0)
+        let firstSegmentEnd = try #require(replica.log.previousLastSeq)
+        try addFolders(replica, ["b"])
+        // SQLite holds the previous segment: it is deleted; the small current one stays.
+        replica.trimLog(applied: firstSegmentEnd)
+        #expect(replica.log.previousLastSeq == nil)
+        #expect(!FileManager.default.fileExists(atPath: replica.log.previousPath))
+        #expect(replica.log.size > 0)
+        // Caught up with a full segment: emptied in place, not rotated.
+        try addFolders(replica, (0..<20).map { "c\($0)" })
+        replica.trimLog(applied: replica.log.lastSeq)
+        #expect(replica.log.size == 0)
+        #expect(replica.log.previousLastSeq == nil)
+        replica.releaseLock()
+    }
+
+    /// SQLite always one record behind (a sustained load): the log is
+    /// rotated again and again and never holds much more than two segments.
+    @Test func aLogAlwaysOneRecordAheadStaysNearTwoSegments() throws {
+        let d = try TestDevice(store: InMemoryStore())
+        defer { d.cleanUp() }
+        d.replica.releaseLock()
+        let replica = try Replica(directory: d.directory, rootOwner: (0, 0), logSegmentSize: 4096)
+        replica.applier.stop()
+        var largest = 0
+        var rotations = 0
+        for round in 0..<100 {
+            try addFolders(replica, (0..<5).map { "r\(round)-\($0)" })
+            let before = replica.log.previousLastSeq
+            replica.trimLog(applied: replica.log.lastSeq - 1)
+            if replica.log.previousLastSeq != before, replica.log.previousLastSeq != nil { rotations += 1 }
+            var st = stat()
+            let previous = stat(replica.log.previousPath, &st) == 0 ? Int(st.st_size) : 0
+            largest = max(largest, replica.log.size + previous)
+        }
+        #expect(replica.log.lastSeq >= 500)
+        #expect(rotations >= 10)
+        #expect(largest < 3 * 4096, "the log reached \(largest) bytes")
+        replica.releaseLock()
+    }
+}
