@@ -7,7 +7,9 @@
 int ubq_syncfs(int fd) { return (int)syscall(SYS_syncfs, fd); }
 int ubq_gettid(void) { return (int)syscall(SYS_gettid); }
 int ubq_ioprio_lowest(int tid) { return (int)syscall(SYS_ioprio_set, 1 /* IOPRIO_WHO_PROCESS */, tid, (2 << 13) | 7); }
-int ubq_limit_malloc_arenas(int n) { return mallopt(M_ARENA_MAX, n); }
+int ubq_tune_malloc(int arenas, int mmap_threshold) {
+    return mallopt(M_ARENA_MAX, arenas) == 1 && mallopt(M_MMAP_THRESHOLD, mmap_threshold) == 1 ? 0 : -1;
+}
 int ubq_malloc_trim(void) { return malloc_trim(0); }
 
 #include <signal.h>

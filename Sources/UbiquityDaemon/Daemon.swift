@@ -156,8 +156,7 @@ package final class Daemon: @unchecked Sendable {
 
     /// Serve `first`, then every mount that joins, until the last one ends.
     package func run(first: MountParameters) throws {
-        // Few malloc arenas: 16 FUSE threads per mount must not each keep their own heap.
-        LinuxCalls.limitMallocArenas(2)
+        LinuxCalls.tuneMallocForLongLivedData()
         _ = try Self.validateMountpoint(first.mountpoint)
         try locations.prepareRuntimeDirectory()
         try locations.prepareDataHome()

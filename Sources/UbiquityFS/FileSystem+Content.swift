@@ -200,7 +200,7 @@ extension FileSystem {
             var result: (UInt32, Bool) = (0, true)
             ns.updateRuntime(ino) {
                 $0.openCount += 1
-                $0.lastAccess = now
+                $0.lastAccess = AccessClock.now()
                 if writable { $0.openWriters += 1 }
                 result = ($0.contentEpoch, $0.kernelEpoch == $0.contentEpoch && streaming == nil && soleView)
                 $0.kernelEpoch = $0.contentEpoch

@@ -162,6 +162,8 @@ public struct Directory: Sequence, Sendable {
     mutating func append(_ bytes: [UInt8], _ value: DirEntry) -> UInt32 {
         let offset = UInt32(names.count)
         precondition(names.count + bytes.count + 10 < Int(UInt32.max), "a directory's names past 4 GiB")
+        Self.makeRoom(&names, for: names.count + bytes.count + 5)
+        Self.makeRoom(&entries, for: entries.count + 1)
         var length = bytes.count
         repeat {
             names.append(UInt8(length & 0x7f) | (length >= 0x80 ? 0x80 : 0))
@@ -177,6 +179,16 @@ public struct Directory: Sequence, Sendable {
             insertBucket(entries.count - 1, hash: Self.hash(bytes))
         }
         return offset
+    }
+
+    /// Grow `array` to hold `count` elements by an eighth more, not by
+    /// doubling as `append` would: a directory's buffers are most of the
+    /// namespace's memory after the node records, and all directories of
+    /// a tree filled evenly grow in lockstep (with doubling, a million
+    /// names in 1,000 directories kept 7 MiB of room nobody used).
+    @inline(__always)
+    static func makeRoom<T>(_ array: inout [T], for count: Int) {
+        if count > array.capacity { array.reserveCapacity(count + count / 8 + 8) }
     }
 
     /// Set the value of the entry at `p` (its name stays).

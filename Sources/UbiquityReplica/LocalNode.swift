@@ -99,8 +99,9 @@ public struct LocalNode: Sendable {
     public var writesInFlight: Int32 = 0
     /// Monotonic nanoseconds of the last local content change (write-back delay).
     public var lastContentChange: UInt64 = 0
-    /// Monotonic nanoseconds of the last open (least recently used eviction).
-    public var lastAccess: UInt64 = 0
+    /// When the content was last opened or downloaded, in `AccessClock`
+    /// ticks (least recently used eviction).
+    public var lastAccess: UInt32 = 0
     /// Moves when the cache file is replaced by other content (a remote
     /// version, a download, an eviction): the kernel's pages of the file are
     /// then not to be trusted by the next open.
@@ -157,5 +158,23 @@ public struct EntryKey: Hashable, Sendable {
     public init(parent: UInt64, name: FileName) {
         self.parent = parent
         self.name = name
+    }
+}
+
+/// The clock of `LocalNode.lastAccess`: hundredths of a second since the
+/// process started, monotonic, in the 4 bytes a node record gives it. It
+/// stops at its largest value after 497 days of running; accesses after
+/// that count as equally recent (eviction then picks among them by size).
+public enum AccessClock {
+    static let start = monotonicNanoseconds()
+
+    public static func now() -> UInt32 {
+        UInt32(clamping: (monotonicNanoseconds() &- start) / 10_000_000 + 1)
+    }
+
+    static func monotonicNanoseconds() -> UInt64 {
+        var ts = timespec()
+        clock_gettime(CLOCK_MONOTONIC, &ts)
+        return UInt64(ts.tv_sec) * 1_000_000_000 + UInt64(ts.tv_nsec)
     }
 }

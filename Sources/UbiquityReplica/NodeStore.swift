@@ -5,7 +5,7 @@ import UbiquityStore
 /// form behind `Namespace.nodes`, `Namespace.inoByID` and
 /// `Namespace.children` (issue #11: 1,000,000 items in at most 200 MiB).
 ///
-/// - **A node is a 116-byte record** (`NodeRecord`) in chunks of 4,096
+/// - **A node is a 112-byte record** (`NodeRecord`) in chunks of 4,096
 ///   records, found by its slot number. The ID and the content hash are
 ///   kept in their bytes (`StoredID`, `StoredHash`), times as nanoseconds,
 ///   counters in the widths they need in practice; kind, mode and owner
@@ -371,7 +371,7 @@ final class NodeStore: @unchecked Sendable {
         n.unacknowledgedWrites = f & NodeRecord.unacknowledged != 0
         n.lookups = x?.lookups ?? UInt64(r.u16(NodeRecord.lookupsOffset))
         n.lastContentChange = u?.lastContentChange ?? 0
-        n.lastAccess = r.u64(NodeRecord.lastAccessOffset)
+        n.lastAccess = r.u32(NodeRecord.lastAccessOffset)
         n.contentEpoch = x?.contentEpoch ?? (f >> 24)
         switch (f >> NodeRecord.kernelEpochShift) & 3 {
         case 0: n.kernelEpoch = n.contentEpoch
@@ -436,7 +436,7 @@ final class NodeStore: @unchecked Sendable {
             x.atime = n.atime
             needsExtras = true
         }
-        r.set(u64: n.lastAccess, NodeRecord.lastAccessOffset)
+        r.set(u32: n.lastAccess, NodeRecord.lastAccessOffset)
 
         r.set(u48: n.ino, NodeRecord.inoOffset)
         if n.lastParent >> 48 == 0 { r.set(u48: n.lastParent, NodeRecord.lastParentOffset) } else { x.lastParent = n.lastParent; needsExtras = true }
@@ -615,24 +615,24 @@ final class NodeStore: @unchecked Sendable {
     }
 }
 
-/// One node's fixed part: 116 bytes, 4-byte aligned (see `NodeStore`).
+/// One node's fixed part: 112 bytes, 4-byte aligned (see `NodeStore`).
 ///
-///     0 id (16)   16 hash (32)   48 mtime   56 btime   64 lastAccess (8 each)
-///     72 ino   78 lastParent   84 change (48 bits each)   90 nlink (16)
-///     92 size   96 version   100 name offset (32 each)
-///     104 contentGeneration   106 lookups   108 profile   110 author (16 each)
-///     112 flags (24 bits) and contentEpoch (8)
+///     0 id (16)   16 hash (32)   48 mtime   56 btime (8 each)   64 lastAccess (4)
+///     68 ino   74 lastParent   80 change (48 bits each)   86 nlink (16)
+///     88 size   92 version   96 name offset (32 each)
+///     100 contentGeneration   102 lookups   104 profile   106 author (16 each)
+///     108 flags (24 bits) and contentEpoch (8)
 struct NodeRecord: Sendable {
     typealias Words = (UInt32, UInt32, UInt32, UInt32, UInt32, UInt32, UInt32, UInt32, UInt32, UInt32,
                        UInt32, UInt32, UInt32, UInt32, UInt32, UInt32, UInt32, UInt32, UInt32, UInt32,
-                       UInt32, UInt32, UInt32, UInt32, UInt32, UInt32, UInt32, UInt32, UInt32)
-    var words: Words = (0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
+                       UInt32, UInt32, UInt32, UInt32, UInt32, UInt32, UInt32, UInt32)
+    var words: Words = (0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
 
     static let idOffset = 0, hashOffset = 16, mtimeOffset = 48, btimeOffset = 56, lastAccessOffset = 64
-    static let inoOffset = 72, lastParentOffset = 78, changeOffset = 84, nlinkOffset = 90
-    static let sizeOffset = 92, versionOffset = 96, nameOffset = 100
-    static let contentGenerationOffset = 104, lookupsOffset = 106, profileOffset = 108, authorOffset = 110
-    static let flagsOffset = 112
+    static let inoOffset = 68, lastParentOffset = 74, changeOffset = 80, nlinkOffset = 86
+    static let sizeOffset = 88, versionOffset = 92, nameOffset = 96
+    static let contentGenerationOffset = 100, lookupsOffset = 102, profileOffset = 104, authorOffset = 106
+    static let flagsOffset = 108
 
     // Flags (bits 0–23 of the word at 112; bits 24–31 are contentEpoch).
     static let hasContent: UInt32 = 1 << 0

@@ -512,7 +512,7 @@ extension SyncEngine {
             // Every blob was checked against its hash: the copy is verified.
             ns.update(ino, local: false) { $0.hasContent = true; $0.size = $0.hashSize; $0.verifiedHash = hash }
             // Just downloaded counts as just used: the cache limit evicts others first.
-            ns.updateRuntime(ino) { $0.lastAccess = Self.monotonicNow(); $0.contentEpoch &+= 1 }
+            ns.updateRuntime(ino) { $0.lastAccess = AccessClock.now(); $0.contentEpoch &+= 1 }
             return true
         }
         if !installed { unlink(partial) }

@@ -112,7 +112,7 @@ extension SyncEngine {
             for node in ns.nodes.values where node.kind == .file && node.hasContent {
                 usage += node.size
                 if node.openCount == 0, node.opening == 0, !node.hasUnpushedContent, node.hash != nil, !ns.isPinned(node.ino) {
-                    candidates.append((node.ino, node.lastAccess, node.size))
+                    candidates.append((node.ino, UInt64(node.lastAccess), node.size))
                 }
             }
             return (usage, candidates)

@@ -81,7 +81,7 @@ import UbiquityStore
         n.opening = pick([0, 0, 1], &r)
         n.writesInFlight = pick([0, 0, 3], &r)
         n.lastContentChange = pick(counters, &r)
-        n.lastAccess = pick(counters, &r)
+        n.lastAccess = UInt32(truncatingIfNeeded: pick(counters, &r))
         n.contentEpoch = UInt32(truncatingIfNeeded: pick(counters, &r))
         n.kernelEpoch = pick([n.contentEpoch, n.contentEpoch &- 1, 0, 77], &r)
         return n

@@ -12,8 +12,9 @@ int ubq_syncfs(int fd);
 int ubq_gettid(void);
 /* ioprio_set(2) for a thread: best-effort class, lowest level (7). */
 int ubq_ioprio_lowest(int tid);
-/* mallopt(M_ARENA_MAX, n) and malloc_trim(0): malloc.h is not part of Swift's Glibc module. */
-int ubq_limit_malloc_arenas(int n);
+/* mallopt(M_ARENA_MAX, arenas) and mallopt(M_MMAP_THRESHOLD, mmap_threshold),
+ * and malloc_trim(0): malloc.h is not part of Swift's Glibc module. */
+int ubq_tune_malloc(int arenas, int mmap_threshold);
 int ubq_malloc_trim(void);
 
 /* SIGTERM, SIGINT and SIGHUP each write their number (one byte) to fd; a
