@@ -13,7 +13,7 @@ import UbiquityStore
 /// (`undo`), so a change the index could not record is taken back whole.
 ///
 /// Nodes, entries and the ID map live in a `NodeStore` (a compact resident
-/// form: about 160 bytes per item); `nodes`, `children` and `inoByID` are
+/// form: about 170 bytes per item); `nodes`, `children` and `inoByID` are
 /// read-only views of it, and the primitives below are the only writers.
 public struct Namespace: Sendable {
     /// Nodes, entries and IDs (copied before a change while shared: see `storeForWriting`).

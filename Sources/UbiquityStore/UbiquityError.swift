@@ -68,8 +68,7 @@ public enum LinuxCalls {
     /// free holes), and a fixed mmap threshold of 128 KiB (by default it
     /// rises to the largest block freed so far, after which the namespace's
     /// large blocks land in the heap between short-lived ones and pin its
-    /// pages). Measured on 300,000 new files: 82 → 57 MiB of anonymous
-    /// memory with the same live data (`bench/bench.py --workloads rss`).
+    /// pages). See DESIGN.md, "Memory at a million items".
     public static func tuneMallocForLongLivedData() { _ = ubq_tune_malloc(1, 128 << 10) }
 
     /// The whole content of `path`, read until end of file. For /proc files,
