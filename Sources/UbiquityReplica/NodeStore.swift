@@ -634,7 +634,7 @@ struct NodeRecord: Sendable {
     static let contentGenerationOffset = 100, lookupsOffset = 102, profileOffset = 104, authorOffset = 106
     static let flagsOffset = 108
 
-    // Flags (bits 0–23 of the word at 112; bits 24–31 are contentEpoch).
+    // Flags (bits 0–23 of the word at 108; bits 24–31 are contentEpoch).
     static let hasContent: UInt32 = 1 << 0
     static let unlinked: UInt32 = 1 << 1
     static let pinned: UInt32 = 1 << 2

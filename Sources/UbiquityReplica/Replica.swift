@@ -142,7 +142,6 @@ public final class Replica: Sendable {
         return missing.count
     }
 
-
     /// Keep the operation log small (called by `IndexApplier` after each
     /// batch it wrote): delete the previous segment once SQLite holds it;
     /// past `logSegmentSize`, empty the log if SQLite holds all of it, or
