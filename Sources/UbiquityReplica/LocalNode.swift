@@ -169,7 +169,11 @@ public enum AccessClock {
     static let start = monotonicNanoseconds()
 
     public static func now() -> UInt32 {
-        UInt32(clamping: (monotonicNanoseconds() &- start) / 10_000_000 + 1)
+        // `start` is set on its first use: read it before the clock, or the
+        // first call would see the clock before its own start.
+        let origin = start
+        let clock = monotonicNanoseconds()
+        return UInt32(clamping: (clock > origin ? clock - origin : 0) / 10_000_000 + 1)
     }
 
     static func monotonicNanoseconds() -> UInt64 {
