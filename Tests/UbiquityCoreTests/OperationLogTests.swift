@@ -193,12 +193,19 @@ import Glibc
         replica.withNamespace { ns in ns.children[Namespace.rootIno]!.keys.map(\.description).sorted() }
     }
 
+    /// The device's replica reopened with small log segments and no index
+    /// applier: SQLite gets nothing, so it is behind on every record.
+    func replicaWithoutApplier(_ d: TestDevice, segmentSize: Int) throws -> Replica {
+        d.replica.releaseLock()
+        let replica = try Replica(directory: d.directory, rootOwner: (0, 0), logSegmentSize: segmentSize)
+        replica.applier.stop()
+        return replica
+    }
+
     @Test func aLogSQLiteIsBehindOnIsRotatedAndBothSegmentsReplay() throws {
         let d = try TestDevice(store: InMemoryStore())
         defer { d.cleanUp() }
-        d.replica.releaseLock()
-        let replica = try Replica(directory: d.directory, rootOwner: (0, 0), logSegmentSize: 2048)
-        replica.applier.stop()   // SQLite gets nothing: it stays behind on every record
+        let replica = try replicaWithoutApplier(d, segmentSize: 2048)
         let previousPath = replica.log.previousPath
         try addFolders(replica, (0..<20).map { "a\($0)" })
         #expect(replica.log.size >= 2048)
@@ -231,9 +238,7 @@ import Glibc
     @Test func thePreviousSegmentGoesOnceSQLiteHoldsItAndACaughtUpLogIsEmptied() throws {
         let d = try TestDevice(store: InMemoryStore())
         defer { d.cleanUp() }
-        d.replica.releaseLock()
-        let replica = try Replica(directory: d.directory, rootOwner: (0, 0), logSegmentSize: 2048)
-        replica.applier.stop()
+        let replica = try replicaWithoutApplier(d, segmentSize: 2048)
         try addFolders(replica, (0..<20).map { "a\($0)" })
         replica.trimLog(applied: 0)
         let firstSegmentEnd = try #require(replica.log.previousLastSeq)
@@ -256,9 +261,7 @@ import Glibc
     @Test func aLogAlwaysOneRecordAheadStaysNearTwoSegments() throws {
         let d = try TestDevice(store: InMemoryStore())
         defer { d.cleanUp() }
-        d.replica.releaseLock()
-        let replica = try Replica(directory: d.directory, rootOwner: (0, 0), logSegmentSize: 4096)
-        replica.applier.stop()
+        let replica = try replicaWithoutApplier(d, segmentSize: 4096)
         var largest = 0
         var rotations = 0
         for round in 0..<100 {
