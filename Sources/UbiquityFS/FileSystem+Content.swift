@@ -235,6 +235,7 @@ extension FileSystem {
 
     public func read(handle: UInt64, offset: Int64, size: Int) throws -> ReadReply {
         let file = try openFileFor(handle)
+        replica.foreground.noteIO()
         if let total = file.streamingSize, UInt64(offset) < total {
             try hooks.waitForContent(ino: file.ino, version: file.streamingVersion, from: UInt64(offset), upTo: min(total, UInt64(offset) + UInt64(size)))
         }
@@ -245,6 +246,7 @@ extension FileSystem {
     public func write(handle: UInt64, offset: Int64, bytes: UnsafeRawPointer, count: Int) throws -> Int {
         let file = try openFileFor(handle)
         guard file.writable else { throw UbiquityError(EBADF) }
+        replica.foreground.noteIO()
         // The last bytes of a full disk are kept for deletions (see `SpaceReserve`).
         try replica.requireRoomForContent()
         // The first write since the last acknowledgement marks the content in

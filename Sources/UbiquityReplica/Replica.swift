@@ -51,6 +51,8 @@ public final class Replica: Sendable {
     let reserve: SpaceReserve
     /// Past this size the operation log's current segment is emptied or rotated.
     let logSegmentSize: Int
+    /// Content I/O of the programs using the mount, which pushing gives way to.
+    public let foreground = ForegroundActivity()
 
     /// Open (creating if needed) the replica in `directory` and take its
     /// lock: a second daemon on the same replica is refused with `EBUSY`.

@@ -360,7 +360,11 @@ public final class SyncEngine: Sendable {
         }
         if let unreachable { throw unreachable }
         forgetSettledUploadFailures()
-        if snapshots.values.contains(where: \.uploaded) { try store.flushBlobs() }
+        if snapshots.values.contains(where: \.uploaded) {
+            // Flushing a large file's chunks writes them all out: after the programs' I/O.
+            if snapshots.values.contains(where: { $0.chunked && $0.uploaded }) { replica.foreground.waitForQuiet() }
+            try store.flushBlobs()
+        }
         // Known before the replica records the nodes (`settle`): a node whose
         // content is packed never lacks its location.
         var newLocations: [String: PackLocation] = [:]
@@ -448,6 +452,8 @@ public final class SyncEngine: Sendable {
         var offset = 0
         var uploaded = false
         while offset < size {
+            // A large file is background work worth pausing for programs using the mount.
+            replica.foreground.waitForQuiet()
             let count = min(chunkSize, size - offset)
             guard let data = try source.read(at: offset, count: count) else { return nil }
             let hash = ContentCopy.hash(of: data)
