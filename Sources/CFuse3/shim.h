@@ -56,7 +56,12 @@ static inline int ubq_fi_flock_release(const struct fuse_file_info *fi) { return
 #define UBQ_COPIED_READ_MAX (32 * 1024)
 
 /* Reply to a read with a range of a file: small ranges copied, larger ones
- * spliced (a one-element fuse_bufvec pointing at the range, no copy here). */
+ * spliced (a one-element fuse_bufvec pointing at the range, no copy here).
+ * Spliced without SPLICE_F_MOVE: moving would have the kernel try to steal
+ * each page from the cache file's page cache, which on ext4 means freeing
+ * the page's journal buffers first (and failing for a page still dirty, as a
+ * download's are): in a profile of a placeholder read that was a quarter of
+ * the CPU, against the plain copy into the FUSE page it replaces. */
 static inline int ubq_reply_fd_range(fuse_req_t req, int fd, off_t off, size_t size) {
     if (size <= UBQ_COPIED_READ_MAX) {
         char bytes[UBQ_COPIED_READ_MAX];
@@ -76,7 +81,7 @@ static inline int ubq_reply_fd_range(fuse_req_t req, int fd, off_t off, size_t s
     buf.buf[0].flags = FUSE_BUF_IS_FD | FUSE_BUF_FD_SEEK;
     buf.buf[0].fd = fd;
     buf.buf[0].pos = off;
-    return fuse_reply_data(req, &buf, FUSE_BUF_SPLICE_MOVE);
+    return fuse_reply_data(req, &buf, 0);
 }
 
 /* st_atim / st_mtim / st_ctim are fine in Swift, but their setters on Linux glibc

@@ -83,7 +83,7 @@ func makeOperations() -> fuse_lowlevel_ops {
 
     ops.`init` = { userdata, conn in
         guard let conn else { return }
-        let wanted = UInt32(FUSE_CAP_SPLICE_WRITE | FUSE_CAP_SPLICE_MOVE | FUSE_CAP_ATOMIC_O_TRUNC
+        let wanted = UInt32(FUSE_CAP_SPLICE_WRITE | FUSE_CAP_ATOMIC_O_TRUNC
                             | FUSE_CAP_READDIRPLUS | FUSE_CAP_READDIRPLUS_AUTO | FUSE_CAP_PARALLEL_DIROPS
                             | FUSE_CAP_ASYNC_READ | FUSE_CAP_CACHE_SYMLINKS)
         conn.pointee.want |= wanted & conn.pointee.capable
