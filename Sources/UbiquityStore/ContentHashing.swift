@@ -8,6 +8,38 @@ import Glibc
 public enum ContentCopy {
     public static func hash(of data: Data) -> String { hex(SHA256.hash(data: data)) }
 
+    /// The hash of bytes `offset..<offset+count` of the file `fd`, read
+    /// through a small buffer that stays in the CPU's cache (no mapping: a
+    /// file cut short meanwhile is an error here, not a fault).
+    public static func hash(ofFile fd: Int32, offset: UInt64, count: Int) throws -> String {
+        let size = 64 << 10
+        let buffer = UnsafeMutableRawPointer.allocate(byteCount: size, alignment: 64)
+        defer { buffer.deallocate() }
+        var hasher = SHA256()
+        var done = 0
+        while done < count {
+            let n = try syscallRetrying("read \(count) bytes to hash them") {
+                pread(fd, buffer, min(size, count - done), off_t(offset) + off_t(done))
+            }
+            guard n > 0 else { throw UbiquityError(EIO, "file ended \(count - done) bytes early while hashed") }
+            hasher.update(bufferPointer: UnsafeRawBufferPointer(start: buffer, count: n))
+            done += n
+        }
+        return hex(hasher.finalize())
+    }
+
+    /// Write all of `data` into `fd` at `offset`.
+    public static func write(_ data: Data, to fd: Int32, at offset: UInt64) throws {
+        try data.withUnsafeBytes { raw in
+            var done = 0
+            while done < raw.count {
+                done += try syscallRetrying("write \(raw.count) bytes at \(offset)") {
+                    pwrite(fd, raw.baseAddress! + done, raw.count - done, off_t(offset) + off_t(done))
+                }
+            }
+        }
+    }
+
     static func hex<D: Sequence>(_ digest: D) -> String where D.Element == UInt8 {
         let table: [UInt8] = Array("0123456789abcdef".utf8)
         var out = [UInt8]()

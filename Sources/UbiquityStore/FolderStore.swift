@@ -1,5 +1,6 @@
 import Foundation
 import Synchronization
+import CLinux
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -412,6 +413,47 @@ public final class FolderStore: Store {
             throw UbiquityError(EIO, "pack \(hash) in the store ends before bytes \(offset) to \(offset + UInt64(count)) (cut short or damaged)")
         }
         return data
+    }
+
+    /// Copied file to file by the kernel (`copy_file_range`; a read and a
+    /// write where it cannot), then the bytes that landed are hashed through
+    /// a mapping: one copy of the content, where `fetchBlob` and a `pwrite`
+    /// make three (into memory, out of it, and the pages of the new buffer).
+    public func copyBlob(_ hash: String, size: Int, into fd: Int32, at offset: UInt64) throws {
+        try checkReachableForBlobs()
+        let source = open(blobPath(hash), O_RDONLY | O_CLOEXEC)
+        guard source >= 0 else {
+            let code = errno
+            throw UbiquityError(EIO, "blob \(hash) missing from the store: \(String(cString: strerror(code)))")
+        }
+        defer { close(source) }
+        var st = stat()
+        guard fstat(source, &st) == 0 else { throw UbiquityError.posix("stat blob \(hash)") }
+        guard st.st_size == size else { throw UbiquityError(EIO, "blob \(hash) has the wrong size") }
+        var from: Int64 = 0
+        var to = Int64(offset)
+        while from < Int64(size) {
+            let n = ubq_copy_file_range(source, &from, fd, &to, UInt(Int64(size) - from))
+            if n > 0 { continue }
+            if n == 0 { throw UbiquityError(EIO, "blob \(hash) in the store was cut short while read") }
+            let code = errno
+            if code == EINTR { continue }
+            guard code == EXDEV || code == EINVAL || code == ENOSYS || code == EOPNOTSUPP else {
+                throw UbiquityError.posix("copy blob \(hash)", errno: code)
+            }
+            // Not between these two files (another filesystem, say): the rest by read and write.
+            var buffer = [UInt8](repeating: 0, count: min(1 << 20, size))
+            while from < Int64(size) {
+                let got = try syscallRetrying("read blob \(hash)") { pread(source, &buffer, min(buffer.count, size - Int(from)), off_t(from)) }
+                if got == 0 { throw UbiquityError(EIO, "blob \(hash) in the store was cut short while read") }
+                try ContentCopy.write(Data(buffer[0..<got]), to: fd, at: UInt64(to))
+                from += Int64(got)
+                to += Int64(got)
+            }
+        }
+        guard try ContentCopy.hash(ofFile: fd, offset: offset, count: size) == hash else {
+            throw UbiquityError(EIO, "blob \(hash) in the store is damaged (its content does not match its name)")
+        }
     }
 
     public func fetchBlob(_ hash: String) throws -> Data {

@@ -80,6 +80,13 @@ public protocol Store: Sendable {
     /// the reader): 2 for a local folder (a read and a hash each), more
     /// across a network, where each waits on a round trip.
     var downloadConcurrency: Int { get }
+    /// Write blob `hash`, which must be `size` bytes, into `fd` at `offset`,
+    /// verified: when this returns, those bytes of `fd` are the blob's (a
+    /// blob of another size or content throws, leaving whatever it wrote).
+    /// Default: `fetchBlob` and `pwrite`. The folder store copies file to
+    /// file in the kernel and hashes what landed (one copy, not three).
+    func copyBlob(_ hash: String, size: Int, into fd: Int32, at offset: UInt64) throws
+
     /// Whether blob `hash` of `size` bytes must be uploaded: false when the
     /// store certainly holds it. A store may answer true without asking when
     /// asking costs about as much as uploading (a small blob over a network).
@@ -106,6 +113,12 @@ extension Store {
     public var packsSmallContent: Bool { false }
     public var downloadConcurrency: Int { 2 }
     public func needsUpload(_ hash: String, size: Int) throws -> Bool { try !holdsBlob(hash, size: size) }
+
+    public func copyBlob(_ hash: String, size: Int, into fd: Int32, at offset: UInt64) throws {
+        let data = try fetchBlob(hash)
+        guard data.count == size else { throw UbiquityError(EIO, "blob \(hash) has the wrong size") }
+        try ContentCopy.write(data, to: fd, at: offset)
+    }
 
     /// Default: the whole blob, verified, then the range (a store that can
     /// read a range alone does: a pread, an HTTP `Range` GET).

@@ -474,17 +474,14 @@ extension SyncEngine {
                 return
             }
         }
-        // Unchunked content may be packed with other small files (Packs.swift).
-        let data = job.chunked ? try store.fetchBlob(hash) : try fetchContent(hash, size: UInt64(count))
-        guard data.count == count else { throw UbiquityError(EIO, "blob \(hash) has the wrong size") }
-        try data.withUnsafeBytes { raw in
-            var done = 0
-            while done < raw.count {
-                done += try syscallRetrying("write \(partial)") {
-                    pwrite(fd, raw.baseAddress! + done, raw.count - done, off_t(offset) + off_t(done))
-                }
-            }
+        if job.chunked {
+            try store.copyBlob(hash, size: count, into: fd, at: offset)
+            return
         }
+        // Unchunked content may be packed with other small files (Packs.swift).
+        let data = try fetchContent(hash, size: UInt64(count))
+        guard data.count == count else { throw UbiquityError(EIO, "blob \(hash) has the wrong size") }
+        try ContentCopy.write(data, to: fd, at: offset)
     }
 
     /// Every chunk is verified: put the file in place of the placeholder.

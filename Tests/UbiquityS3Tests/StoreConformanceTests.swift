@@ -284,6 +284,45 @@ func changeSet(_ device: String, _ n: Int = 0) -> ChangeSet {
         }
     }
 
+    /// `copyBlob` puts the verified blob at an offset of a file; a blob of
+    /// the wrong size or content, or a missing one, is `EIO` (whatever bytes
+    /// it left are never called verified).
+    @Test(arguments: StoreKind.all) func blobsAreCopiedIntoAFileVerified(kind: StoreKind) throws {
+        let s = try StoreUnderTest(kind)
+        defer { s.cleanUp() }
+        let data = Data((0..<300_000).map { UInt8(truncatingIfNeeded: $0 &* 13 &+ 5) })
+        let hash = ContentCopy.hash(of: data)
+        try s.store.putBlob(hash, data: data)
+        try s.store.flushBlobs()
+        let path = FileManager.default.temporaryDirectory.appendingPathComponent("ubq-copy-\(UUID().uuidString)").path
+        let fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0o600)
+        #expect(fd >= 0)
+        defer { close(fd); unlink(path) }
+        let offset: UInt64 = 4 << 20
+        try s.store.copyBlob(hash, size: data.count, into: fd, at: offset)
+        #expect(try ContentCopy.hash(ofFile: fd, offset: offset, count: data.count) == hash)
+        var back = Data(count: data.count)
+        let got = back.withUnsafeMutableBytes { pread(fd, $0.baseAddress!, data.count, off_t(offset)) }
+        #expect(got == data.count && back == data)
+
+        func expectEIO(_ body: () throws -> Void) {
+            do {
+                try body()
+                Issue.record("a bad blob was copied as good")
+            } catch let error as UbiquityError {
+                #expect(error.errno == EIO)
+            } catch {
+                Issue.record("unexpected \(error)")
+            }
+        }
+        expectEIO { try s.store.copyBlob(hash, size: data.count - 1, into: fd, at: 0) }
+        var damaged = data
+        damaged[150_000] ^= 0xff
+        try s.writeRaw("blobs/\(hash.prefix(2))/\(hash)", damaged)
+        expectEIO { try s.store.copyBlob(hash, size: data.count, into: fd, at: 0) }
+        expectEIO { try s.store.copyBlob(ContentCopy.hash(of: Data("missing".utf8)), size: 7, into: fd, at: 0) }
+    }
+
     /// A pack is a blob; a member is read with a range and verified against
     /// its own content hash; a damaged, short or missing pack is `EIO` naming it.
     @Test(arguments: StoreKind.all) func packRangesAreReadAndVerified(kind: StoreKind) throws {
