@@ -274,8 +274,7 @@ final class Index: Sendable {
             while let row = try pending.next() {
                 let change = UInt64(bitPattern: row["change"])
                 let key = EntryKey(parent: UInt64(bitPattern: row["parent"]), name: FileName(bytes: Array(row["name"] as Data)))
-                ns.pendingEntries[key] = change
-                ns.pendingEntryBase[key] = UInt64(bitPattern: row["base"] as Int64? ?? 0)
+                ns.pendingEntries[key] = PendingEntry(change: change, base: UInt64(bitPattern: row["base"] as Int64? ?? 0))
                 ns.changeCounter = max(ns.changeCounter, change)
             }
             if let next = try String.fetchOne(db, sql: "SELECT value FROM meta WHERE key = 'next_ino'"), let n = UInt64(next) {

@@ -15,6 +15,18 @@ import UbiquityStore
 /// Nodes, entries and the ID map live in a `NodeStore` (a compact resident
 /// form: about 170 bytes per item); `nodes`, `children` and `inoByID` are
 /// read-only views of it, and the primitives below are the only writers.
+/// A local change to an entry that is not pushed yet.
+public struct PendingEntry: Sendable, Equatable {
+    /// The change counter value of the entry's latest change.
+    public var change: UInt64
+    /// What the entry named before this device changed it (0: nothing): the
+    /// store's value as this device last saw it, kept from the first change
+    /// until the push. A remote change set that removes the same entry from
+    /// the same node tells that both devices moved that node away from there
+    /// (see `ChangeApplier`).
+    public var base: UInt64
+}
+
 public struct Namespace: Sendable {
     /// Nodes, entries and IDs (copied before a change while shared: see `storeForWriting`).
     var store = NodeStore()
@@ -26,13 +38,8 @@ public struct Namespace: Sendable {
     public var inoByID: IDTable { IDTable(store: store) }
     /// The one entry's parent of each linked directory (directories have no hard links).
     public internal(set) var directoryParent: [UInt64: UInt64] = [:]
-    /// Entries changed locally and not yet pushed: key → change counter value.
-    public internal(set) var pendingEntries: [EntryKey: UInt64] = [:]
-    /// What each pending entry named before this device changed it (0: nothing):
-    /// the store's value as this device last saw it. A remote change set that
-    /// removes the same entry from the same node tells that both devices moved
-    /// that node away from there (see `ChangeApplier`).
-    public internal(set) var pendingEntryBase: [EntryKey: UInt64] = [:]
+    /// Entries changed locally and not yet pushed.
+    public internal(set) var pendingEntries: [EntryKey: PendingEntry] = [:]
     /// Highest journal sequence number applied to this replica.
     public internal(set) var appliedSeq: UInt64 = 0
     /// Journal records skipped because they failed validation, oldest first.
@@ -433,18 +440,16 @@ public struct Namespace: Sendable {
         let key = EntryKey(parent: parent, name: name)
         savePending(key)
         let change = nextChange()
-        let base = pendingEntries[key] == nil ? base : (pendingEntryBase[key] ?? 0)
-        pendingEntries[key] = change
-        pendingEntryBase[key] = base
+        let base = pendingEntries[key]?.base ?? base
+        pendingEntries[key] = PendingEntry(change: change, base: base)
         log.append(.pendingEntry(parent: parent, name: name, change: change, base: base))
     }
 
     /// The entry was pushed as of `change`; forget it unless it changed again since.
     public mutating func entryPushed(_ key: EntryKey, change: UInt64) {
-        if let current = pendingEntries[key], current <= change {
+        if let current = pendingEntries[key], current.change <= change {
             savePending(key)
             pendingEntries[key] = nil
-            pendingEntryBase[key] = nil
             log.append(.clearPendingEntry(parent: key.parent, name: key.name))
         }
     }
@@ -454,7 +459,6 @@ public struct Namespace: Sendable {
     public mutating func entryMatchesStore(_ key: EntryKey) {
         savePending(key)
         if pendingEntries.removeValue(forKey: key) != nil {
-            pendingEntryBase[key] = nil
             log.append(.clearPendingEntry(parent: key.parent, name: key.name))
         }
     }
@@ -462,19 +466,20 @@ public struct Namespace: Sendable {
     /// A remote change set changed entry `key`, and the change made here stands
     /// over it: the store's value it was made from is now `base` (0: nothing).
     public mutating func rebaseEntry(_ key: EntryKey, on base: UInt64) {
-        guard let change = pendingEntries[key], pendingEntryBase[key] != base else { return }
+        guard let pending = pendingEntries[key], pending.base != base else { return }
         savePending(key)
-        pendingEntryBase[key] = base
-        log.append(.pendingEntry(parent: key.parent, name: key.name, change: change, base: base))
+        pendingEntries[key]?.base = base
+        log.append(.pendingEntry(parent: key.parent, name: key.name, change: pending.change, base: base))
     }
 
     /// Node `old` split in two and `new` is now the store's node: pending
     /// entries that named `old` before they changed named `new`.
     public mutating func rebasePendingEntries(from old: UInt64, to new: UInt64) {
-        for (key, base) in pendingEntryBase where base == old {
+        let moved = pendingEntries.compactMap { $0.value.base == old ? $0.key : nil }
+        for key in moved {
             savePending(key)
-            pendingEntryBase[key] = new
-            log.append(.pendingEntry(parent: key.parent, name: key.name, change: pendingEntries[key] ?? 0, base: new))
+            pendingEntries[key]?.base = new
+            log.append(.pendingEntry(parent: key.parent, name: key.name, change: pendingEntries[key]?.change ?? 0, base: new))
         }
     }
 
@@ -539,7 +544,6 @@ public struct Namespace: Sendable {
     /// given back: once mostly empty, they are made again at their size.
     mutating func shrinkSparseTables() {
         if pendingEntries.isSparse { pendingEntries.shrink() }
-        if pendingEntryBase.isSparse { pendingEntryBase.shrink() }
         if unpushed.isSparse { unpushed.shrink() }
         if store.unsettled.isSparse || store.extras.isSparse {
             let store = storeForWriting()
@@ -567,7 +571,7 @@ public struct Namespace: Sendable {
         var directories: [UInt64: Directory?] = [:]
         var ids: [NodeID: UInt64?] = [:]
         var directoryParents: [UInt64: UInt64?] = [:]
-        var pending: [EntryKey: (change: UInt64?, base: UInt64?)] = [:]
+        var pending: [EntryKey: PendingEntry?] = [:]
         var nextIno: UInt64
         var nextCookie: UInt64
         var changeCounter: UInt64
@@ -612,10 +616,7 @@ public struct Namespace: Sendable {
         }
         for (id, ino) in saved.ids { store.setIno(ino, forID: StoredID(id)) }
         for (dir, parent) in saved.directoryParents { directoryParent[dir] = parent }
-        for (key, value) in saved.pending {
-            pendingEntries[key] = value.change
-            pendingEntryBase[key] = value.base
-        }
+        for (key, value) in saved.pending { pendingEntries[key] = value }
         nextIno = saved.nextIno
         nextCookie = saved.nextCookie
         changeCounter = saved.changeCounter
@@ -652,7 +653,7 @@ public struct Namespace: Sendable {
 
     mutating func savePending(_ key: EntryKey) {
         guard undo != nil, undo!.pending.index(forKey: key) == nil else { return }
-        undo!.pending[key] = (pendingEntries[key], pendingEntryBase[key])
+        undo!.pending[key] = .some(pendingEntries[key])
     }
 
     // MARK: Queries for the sync engine and status

@@ -60,14 +60,14 @@ struct ChangeApplier {
             // A folder this change set creates is not known yet: what it names still counts.
             let key = ns.inoByID[parentID].map { EntryKey(parent: $0, name: name) }
             // (An entry that restates what a pending change here replaced changes nothing.)
-            if let child, !(key.map { ns.pendingEntries[$0] != nil && ns.inoByID[child] == nonZero(ns.pendingEntryBase[$0]) } ?? false) {
+            if let child, !(key.flatMap { ns.pendingEntries[$0] }.map { ns.inoByID[child] == nonZero($0.base) } ?? false) {
                 if let key { remoteKeys.insert(key) }
                 remoteChildren.insert(child)
             }
             guard let key else { continue }
             let parent = key.parent
             // Both took the file that was here away (a removal, or another node put here).
-            if ns.pendingEntries[key] != nil, let base = ns.pendingEntryBase[key], base != 0,
+            if let base = ns.pendingEntries[key]?.base, base != 0,
                let node = ns.node(base), node.kind != .directory, node.id != child, ns.lookup(parent, name) != base {
                 movedByBoth.insert(base)
             }
@@ -265,7 +265,7 @@ struct ChangeApplier {
             return
         }
         // Changed here, and the change set only restates what it was before: ours stands.
-        if ns.pendingEntries[key] != nil, child == nonZero(ns.pendingEntryBase[key]) { return }
+        if let pending = ns.pendingEntries[key], child == nonZero(pending.base) { return }
         if let existing, let node = ns.node(existing) {
             // This name was set here and not pushed yet: our intent is newer.
             let ours = ns.pendingEntries[key] != nil
@@ -328,12 +328,12 @@ struct ChangeApplier {
         for place in ns.entriesNaming(ino) where place != kept && ns.pendingEntries[place] != nil && !remoteKeys.contains(place) {
             trace("[\(deviceName)]   undo local move of \(ns.node(ino)?.id.prefix(4) ?? "?") to \(place.name)")
             ns.unlinkEntry(place.parent, place.name)
-            if let replaced = ns.pendingEntryBase[place], replaced != 0, replaced != ino,
+            if let replaced = ns.pendingEntries[place]?.base, replaced != 0, replaced != ino,
                let node = ns.node(replaced), node.unlinked, node.kind != .directory, !remoteChildren.contains(node.id) {
                 ns.linkEntry(place.parent, place.name, replaced)
             }
             // The entry is back to what the store has there.
-            if ns.lookup(place.parent, place.name) == nonZero(ns.pendingEntryBase[place]) { ns.entryMatchesStore(place) }
+            if ns.lookup(place.parent, place.name) == nonZero(ns.pendingEntries[place]?.base) { ns.entryMatchesStore(place) }
             changes.entry(place.parent, place.name, in: ns)
         }
     }

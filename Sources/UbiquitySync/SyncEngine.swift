@@ -513,7 +513,8 @@ public final class SyncEngine: Sendable {
         }
         var entryChanges: [Change] = []
         var entries: [(EntryKey, UInt64)] = []
-        for (key, change) in ns.pendingEntries {
+        for (key, pending) in ns.pendingEntries {
+            let change = pending.change
             let childIno = ns.lookup(key.parent, key.name)
             // An entry naming a new node that waits for its content, or that is
             // not in this batch, waits with it; so does one in a new directory

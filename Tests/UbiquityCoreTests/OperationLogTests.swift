@@ -27,8 +27,8 @@ import Glibc
         for (dir, table) in ns.children.sorted(by: { $0.key < $1.key }) {
             lines.append("dir \(dir) \(table.map { "\($0.key)=\($0.value.ino)" }.sorted())")
         }
-        lines.append("pending \(ns.pendingEntries.map { "\($0.key.parent)/\($0.key.name)=\($0.value)" }.sorted())")
-        lines.append("bases \(ns.pendingEntryBase.map { "\($0.key.parent)/\($0.key.name)=\($0.value)" }.sorted())")
+        lines.append("pending \(ns.pendingEntries.map { "\($0.key.parent)/\($0.key.name)=\($0.value.change)" }.sorted())")
+        lines.append("bases \(ns.pendingEntries.map { "\($0.key.parent)/\($0.key.name)=\($0.value.base)" }.sorted())")
         lines.append("counters \(ns.nextIno) \(ns.appliedSeq) quarantined \(ns.quarantined.map(\.seq))")
         return lines.joined(separator: "\n")
     }

@@ -26,8 +26,8 @@ import Glibc
         }
         lines.append("ids \(ns.inoByID.map { "\($0.key)=\($0.value)" }.sorted())")
         lines.append("parents \(ns.directoryParent.map { "\($0.key)=\($0.value)" }.sorted())")
-        lines.append("pending \(ns.pendingEntries.map { "\($0.key.parent)/\($0.key.name)=\($0.value)" }.sorted())")
-        lines.append("bases \(ns.pendingEntryBase.map { "\($0.key.parent)/\($0.key.name)=\($0.value)" }.sorted())")
+        lines.append("pending \(ns.pendingEntries.map { "\($0.key.parent)/\($0.key.name)=\($0.value.change)" }.sorted())")
+        lines.append("bases \(ns.pendingEntries.map { "\($0.key.parent)/\($0.key.name)=\($0.value.base)" }.sorted())")
         lines.append("unpushed \(ns.unpushed.sorted()) dirty \(ns.dirtyRows.sorted())")
         lines.append("counters \(ns.nextIno) \(ns.nextCookie) \(ns.changeCounter) \(ns.appliedSeq)")
         lines.append("log \(ns.log.map { "\($0)" })")
