@@ -417,8 +417,9 @@ public final class FolderStore: Store {
 
     /// Copied file to file by the kernel (`copy_file_range`; a read and a
     /// write where it cannot), then the bytes that landed are hashed through
-    /// a mapping: one copy of the content, where `fetchBlob` and a `pwrite`
-    /// make three (into memory, out of it, and the pages of the new buffer).
+    /// a small buffer (`ContentCopy.hash(ofFile:)`). `fetchBlob` and a
+    /// `pwrite` copy the content into a new 4 MiB buffer, whose pages the
+    /// kernel first faults in and zeroes, and out of it again.
     public func copyBlob(_ hash: String, size: Int, into fd: Int32, at offset: UInt64) throws {
         try checkReachableForBlobs()
         let source = open(blobPath(hash), O_RDONLY | O_CLOEXEC)
