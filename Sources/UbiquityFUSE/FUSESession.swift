@@ -118,14 +118,11 @@ public final class FUSESession: @unchecked Sendable {
         guard let current = (try? LinuxCalls.readWhole(path)).flatMap({ Int(String(decoding: $0, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)) }),
               current < Self.readAheadKiB else { return }
         let fd = open(path, O_WRONLY | O_CLOEXEC)
-        guard fd >= 0 else {
-            context.logger.debug("read-ahead of \(mountpoint) stays \(current) KiB: \(String(cString: strerror(errno)))")
-            return
-        }
-        defer { Glibc.close(fd) }
-        let value = "\(Self.readAheadKiB)\n"
-        if value.withCString({ write(fd, $0, strlen($0)) }) < 0 {
-            context.logger.debug("read-ahead of \(mountpoint) stays \(current) KiB: \(String(cString: strerror(errno)))")
+        let written = fd >= 0 && "\(Self.readAheadKiB)\n".withCString { write(fd, $0, strlen($0)) } > 0
+        let code = errno
+        if fd >= 0 { Glibc.close(fd) }
+        if !written {
+            context.logger.debug("read-ahead of \(mountpoint) stays \(current) KiB: \(String(cString: strerror(code)))")
         }
     }
 

@@ -1,6 +1,18 @@
 import Foundation
 import UbiquityStore
 
+/// A local change to an entry that is not pushed yet.
+public struct PendingEntry: Sendable, Equatable {
+    /// The change counter value of the entry's latest change.
+    public var change: UInt64
+    /// What the entry named before this device changed it (0: nothing): the
+    /// store's value as this device last saw it, kept from the first change
+    /// until the push. A remote change set that removes the same entry from
+    /// the same node tells that both devices moved that node away from there
+    /// (see `ChangeApplier`).
+    public var base: UInt64
+}
+
 /// The replica's in-memory tables: every node and entry, kept coherent with
 /// the index. The hot FUSE paths (`lookup`, `getattr`, `readdir`) are served
 /// from here without touching SQLite.
@@ -15,18 +27,6 @@ import UbiquityStore
 /// Nodes, entries and the ID map live in a `NodeStore` (a compact resident
 /// form: about 170 bytes per item); `nodes`, `children` and `inoByID` are
 /// read-only views of it, and the primitives below are the only writers.
-/// A local change to an entry that is not pushed yet.
-public struct PendingEntry: Sendable, Equatable {
-    /// The change counter value of the entry's latest change.
-    public var change: UInt64
-    /// What the entry named before this device changed it (0: nothing): the
-    /// store's value as this device last saw it, kept from the first change
-    /// until the push. A remote change set that removes the same entry from
-    /// the same node tells that both devices moved that node away from there
-    /// (see `ChangeApplier`).
-    public var base: UInt64
-}
-
 public struct Namespace: Sendable {
     /// Nodes, entries and IDs (copied before a change while shared: see `storeForWriting`).
     var store = NodeStore()

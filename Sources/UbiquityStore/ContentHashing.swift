@@ -30,12 +30,14 @@ public enum ContentCopy {
 
     /// Write all of `data` into `fd` at `offset`.
     public static func write(_ data: Data, to fd: Int32, at offset: UInt64) throws {
-        try data.withUnsafeBytes { raw in
-            var done = 0
-            while done < raw.count {
-                done += try syscallRetrying("write \(raw.count) bytes at \(offset)") {
-                    pwrite(fd, raw.baseAddress! + done, raw.count - done, off_t(offset) + off_t(done))
-                }
+        try data.withUnsafeBytes { try write($0, to: fd, at: offset) }
+    }
+
+    public static func write(_ bytes: UnsafeRawBufferPointer, to fd: Int32, at offset: UInt64) throws {
+        var done = 0
+        while done < bytes.count {
+            done += try syscallRetrying("write \(bytes.count) bytes at \(offset)") {
+                pwrite(fd, bytes.baseAddress! + done, bytes.count - done, off_t(offset) + off_t(done))
             }
         }
     }

@@ -394,11 +394,7 @@ public final class FolderStore: Store {
     /// One `pread` of the range (the caller verifies what it holds).
     public func fetchBlobRange(_ hash: String, offset: UInt64, count: Int) throws -> Data {
         try checkReachable()
-        let fd = open(blobPath(hash), O_RDONLY | O_CLOEXEC)
-        guard fd >= 0 else {
-            let code = errno
-            throw UbiquityError(EIO, "pack \(hash) missing from the store: \(String(cString: strerror(code)))")
-        }
+        let fd = try openBlob(hash, naming: "pack")
         defer { close(fd) }
         var data = Data(count: count)
         var done = 0
@@ -422,11 +418,7 @@ public final class FolderStore: Store {
     /// kernel first faults in and zeroes, and out of it again.
     public func copyBlob(_ hash: String, size: Int, into fd: Int32, at offset: UInt64) throws {
         try checkReachableForBlobs()
-        let source = open(blobPath(hash), O_RDONLY | O_CLOEXEC)
-        guard source >= 0 else {
-            let code = errno
-            throw UbiquityError(EIO, "blob \(hash) missing from the store: \(String(cString: strerror(code)))")
-        }
+        let source = try openBlob(hash)
         defer { close(source) }
         var st = stat()
         guard fstat(source, &st) == 0 else { throw UbiquityError.posix("stat blob \(hash)") }
@@ -447,7 +439,7 @@ public final class FolderStore: Store {
             while from < Int64(size) {
                 let got = try syscallRetrying("read blob \(hash)") { pread(source, &buffer, min(buffer.count, size - Int(from)), off_t(from)) }
                 if got == 0 { throw UbiquityError(EIO, "blob \(hash) in the store was cut short while read") }
-                try ContentCopy.write(Data(buffer[0..<got]), to: fd, at: UInt64(to))
+                try buffer.withUnsafeBytes { try ContentCopy.write(UnsafeRawBufferPointer(rebasing: $0[0..<got]), to: fd, at: UInt64(to)) }
                 from += Int64(got)
                 to += Int64(got)
             }
@@ -457,14 +449,20 @@ public final class FolderStore: Store {
         }
     }
 
-    public func fetchBlob(_ hash: String) throws -> Data {
-        try checkReachableForBlobs()
-        let path = blobPath(hash)
-        let fd = open(path, O_RDONLY | O_CLOEXEC)
+    /// Open blob `hash` for reading; a missing one is `EIO` naming it (a
+    /// blob, or a pack) — the store lost something it said it held.
+    func openBlob(_ hash: String, naming kind: String = "blob") throws -> Int32 {
+        let fd = open(blobPath(hash), O_RDONLY | O_CLOEXEC)
         guard fd >= 0 else {
             let code = errno
-            throw UbiquityError(EIO, "blob \(hash) missing from the store: \(String(cString: strerror(code)))")
+            throw UbiquityError(EIO, "\(kind) \(hash) missing from the store: \(String(cString: strerror(code)))")
         }
+        return fd
+    }
+
+    public func fetchBlob(_ hash: String) throws -> Data {
+        try checkReachableForBlobs()
+        let fd = try openBlob(hash)
         defer { close(fd) }
         var st = stat()
         guard fstat(fd, &st) == 0 else { throw UbiquityError.posix("stat blob \(hash)") }
