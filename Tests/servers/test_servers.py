@@ -311,9 +311,14 @@ def test_missing_key_is_404(server, s3):
 
 
 def test_wrong_secret_is_403(server):
-    bad = client(server, secret="x" + server["secret_key"][1:])
+    secret = server["secret_key"]
+    wrong = ("A" if secret[0] != "A" else "B") + secret[1:]  # differs whatever the secret
+    bad = client(server, secret=wrong)
+    sent: list = []
+    bad.meta.events.register("before-send.s3.GetObject",
+                             lambda request, **_: sent.append(request.headers.get("Authorization")))
     status, code = error_of(bad.get_object, Bucket=server["bucket"], Key="anything")
-    assert (status, code) == (403, "SignatureDoesNotMatch")
+    assert (status, code) == (403, "SignatureDoesNotMatch"), f"Authorization sent: {sent}"
     assert error_of(bad.list_objects_v2, Bucket=server["bucket"])[0] == 403
     assert error_of(bad.put_object, Bucket=server["bucket"], Key=unique("denied"), Body=b"x")[0] == 403
 
