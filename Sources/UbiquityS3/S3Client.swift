@@ -26,7 +26,14 @@ public final class S3Client: Sendable {
     public struct Response: Sendable {
         public var status: Int
         public var headers: HTTPHeaders
+        /// The answer's body; for a GET `into` a file, only an error answer's
+        /// (its first 64 KiB), the rest went to the file.
         public var body: Data
+        /// For a successful GET `into` a file: how many bytes were written
+        /// there, and their hash.
+        public var written: (count: Int, hash: String)?
+        /// How many body bytes arrived (checked against `content-length`).
+        var received: Int
         /// The S3 error code in an error body (`NoSuchKey`, `PreconditionFailed`…).
         public var errorCode: String? { Self.xmlValue("Code", in: body) }
 
@@ -36,6 +43,26 @@ public final class S3Client: Sendable {
                   let close = text.range(of: "</\(tag)>", range: open.upperBound..<text.endIndex) else { return nil }
             return String(text[open.upperBound..<close.lowerBound])
         }
+    }
+
+    /// Where a GET's body goes instead of memory: `count` bytes of `fd` from
+    /// `offset`. Nothing is written past them: a longer body is refused.
+    public struct FileSink: Sendable {
+        public var fd: Int32
+        public var offset: UInt64
+        public var count: Int
+        public init(fd: Int32, offset: UInt64, count: Int) {
+            self.fd = fd
+            self.offset = offset
+            self.count = count
+        }
+    }
+
+    /// What fails a request for a reason on this side, never retried: the
+    /// file a body goes into cannot be written, or the body is not the size
+    /// the caller knows it must have.
+    struct Refused: Error {
+        var error: UbiquityError
     }
 
     public let location: S3Location
@@ -77,19 +104,23 @@ public final class S3Client: Sendable {
     /// transient. `expect` lists the statuses the caller handles itself
     /// (404 for "not there", 412 for a lost race…); any other non-2xx is an
     /// error. `retryStatus` decides whether a status is worth another try
-    /// (the default: 5xx, 429, 408).
+    /// (the default: 5xx, 429, 408). With `into`, a successful answer's body
+    /// is written to the file as it arrives (`Response.written`); a try that
+    /// fails after writing part of it is simply written over by the next.
     public func send(_ method: HTTPMethod, key: String?, query: [(String, String)] = [], headers extra: [(String, String)] = [],
                      body: Data? = nil, expect: Set<Int> = [], attempts: Int = S3Client.maxAttempts,
-                     maxBody: Int = S3Client.maxBodyBytes,
+                     maxBody: Int = S3Client.maxBodyBytes, into sink: FileSink? = nil,
                      retryStatus: (Response) -> Bool = S3Client.isTransient) throws -> Response {
         var attempt = 0
         while true {
             attempt += 1
             let outcome: Result<Response, any Error>
             do {
-                outcome = .success(try sendOnce(method, key: key, query: query, headers: extra, body: body, maxBody: maxBody))
+                outcome = .success(try sendOnce(method, key: key, query: query, headers: extra, body: body, maxBody: maxBody, sink: sink))
             } catch let error as ResponseAccumulator.ResponseTooBigError {
                 throw UbiquityError(EFBIG, "\(method) \(key ?? "/") in \(location): the answer is larger than \(error.maxBodySize) bytes")
+            } catch let refused as Refused {
+                throw refused.error
             } catch {
                 outcome = .failure(error)
             }
@@ -137,7 +168,7 @@ public final class S3Client: Sendable {
     public static let maxBodyBytes = 64 << 20
 
     func sendOnce(_ method: HTTPMethod, key: String?, query: [(String, String)], headers extra: [(String, String)], body: Data?,
-                  maxBody: Int) throws -> Response {
+                  maxBody: Int, sink: FileSink?) throws -> Response {
         let path = location.path(of: key)
         let queryString = SigV4Signer.canonicalQueryString(query)
         let payload = body ?? Data()
@@ -151,19 +182,26 @@ public final class S3Client: Sendable {
         for (name, value) in headers where name != "content-length" { request.headers.replaceOrAdd(name: name, value: value) }
         if let body { request.body = .bytes(body) }
         let started = DispatchTime.now().uptimeNanoseconds
-        let accumulator = ResponseAccumulator(request: request, maxBodySize: maxBody)
-        let response = try http.execute(request: request, delegate: accumulator, deadline: .now() + Self.requestDeadline).futureResult.wait()
+        let deadline = NIODeadline.now() + Self.requestDeadline
+        let response: Response
+        if let sink {
+            let writer = BodyToFile(sink, what: "\(method) \(key.map { "s3://\(location.bucket)/\($0)" } ?? "/")")
+            response = try http.execute(request: request, delegate: writer, deadline: deadline).futureResult.wait()
+        } else {
+            let accumulator = ResponseAccumulator(request: request, maxBodySize: maxBody)
+            let answer = try http.execute(request: request, delegate: accumulator, deadline: deadline).futureResult.wait()
+            let data = answer.body.map { Data($0.readableBytesView) } ?? Data()
+            response = Response(status: Int(answer.status.code), headers: answer.headers, body: data, received: data.count)
+        }
         let elapsed = Int((DispatchTime.now().uptimeNanoseconds - started) / 1000)
-        var data = Data()
-        if let buffer = response.body { data = Data(buffer.readableBytesView) }
         // A body cut short (the connection closed early) is a failed request, never data.
-        if method != .HEAD, let declared = response.headers.first(name: "content-length").flatMap(Int.init), declared != data.count {
-            throw UbiquityError(EIO, "the answer was cut short (\(data.count) of \(declared) bytes)")
+        if method != .HEAD, let declared = response.headers.first(name: "content-length").flatMap(Int.init), declared != response.received {
+            throw UbiquityError(EIO, "the answer was cut short (\(response.received) of \(declared) bytes)")
         }
         let previous = latency.load(ordering: .relaxed)
         latency.store(previous == 0 ? elapsed : (previous * 7 + elapsed) / 8, ordering: .relaxed)
         requestCount.add(1, ordering: .relaxed)
-        return Response(status: Int(response.status.code), headers: response.headers, body: data)
+        return response
     }
 
     func error(for response: Response, method: HTTPMethod, key: String?, attempts: Int) -> UbiquityError {

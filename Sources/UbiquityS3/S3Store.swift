@@ -387,6 +387,22 @@ public final class S3Store: Store, @unchecked Sendable {
         return response.body
     }
 
+    /// Written into the file as it arrives and hashed on the way (`BodyToFile`):
+    /// no 4 MiB buffer per chunk, one copy instead of three.
+    public func copyBlob(_ hash: String, size: Int, into fd: Int32, at offset: UInt64) throws {
+        try verifyMarker()
+        let sink = S3Client.FileSink(fd: fd, offset: offset, count: size)
+        // A body of another size is refused by the sink: EIO naming the blob's key.
+        let response = try client.send(.GET, key: blobKey(hash), expect: [404], into: sink)
+        guard response.status != 404 else { throw UbiquityError(EIO, "blob \(hash) missing from the store") }
+        guard let written = response.written, written.count == size else {
+            throw UbiquityError(EIO, "blob \(hash) has the wrong size (\(response.written?.count ?? 0) bytes, not \(size))")
+        }
+        guard written.hash == hash else {
+            throw UbiquityError(EIO, "blob \(hash) in the store is damaged (its content does not match its name)")
+        }
+    }
+
     /// One ranged GET (`Range: bytes=a-b`); the caller verifies what it holds.
     public func fetchBlobRange(_ hash: String, offset: UInt64, count: Int) throws -> Data {
         try verifyMarker()

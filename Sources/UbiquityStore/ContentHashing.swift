@@ -15,17 +15,17 @@ public enum ContentCopy {
         let size = 64 << 10
         let buffer = UnsafeMutableRawPointer.allocate(byteCount: size, alignment: 64)
         defer { buffer.deallocate() }
-        var hasher = SHA256()
+        var hasher = ContentHasher()
         var done = 0
         while done < count {
             let n = try syscallRetrying("read \(count) bytes to hash them") {
                 pread(fd, buffer, min(size, count - done), off_t(offset) + off_t(done))
             }
             guard n > 0 else { throw UbiquityError(EIO, "file ended \(count - done) bytes early while hashed") }
-            hasher.update(bufferPointer: UnsafeRawBufferPointer(start: buffer, count: n))
+            hasher.update(UnsafeRawBufferPointer(start: buffer, count: n))
             done += n
         }
-        return hex(hasher.finalize())
+        return hasher.finish()
     }
 
     /// Write all of `data` into `fd` at `offset`.
@@ -57,4 +57,13 @@ public enum ContentCopy {
     public static func isValidHash(_ hash: String) -> Bool {
         hash.utf8.count == 64 && hash.utf8.allSatisfy { (0x30...0x39).contains($0) || (0x61...0x66).contains($0) }
     }
+}
+
+/// The name of content that arrives in pieces (a file read through a buffer,
+/// a download as it is received).
+public struct ContentHasher {
+    var sha = SHA256()
+    public init() {}
+    public mutating func update(_ bytes: UnsafeRawBufferPointer) { sha.update(bufferPointer: bytes) }
+    public func finish() -> String { ContentCopy.hex(sha.finalize()) }
 }

@@ -315,7 +315,10 @@ func changeSet(_ device: String, _ n: Int = 0) -> ChangeSet {
                 Issue.record("unexpected \(error)")
             }
         }
+        // A blob longer than expected writes nothing past the range it was given.
         expectEIO { try s.store.copyBlob(hash, size: data.count - 1, into: fd, at: 0) }
+        var past: UInt8 = 0xaa
+        #expect(pread(fd, &past, 1, off_t(data.count - 1)) == 1 && past == 0)
         var damaged = data
         damaged[150_000] ^= 0xff
         try s.writeRaw("blobs/\(hash.prefix(2))/\(hash)", damaged)
