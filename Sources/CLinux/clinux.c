@@ -11,13 +11,6 @@ int ubq_tune_malloc(int arenas, int mmap_threshold) {
     return mallopt(M_ARENA_MAX, arenas) == 1 && mallopt(M_MMAP_THRESHOLD, mmap_threshold) == 1 ? 0 : -1;
 }
 int ubq_malloc_trim(void) { return malloc_trim(0); }
-long ubq_copy_file_range(int src, long long *src_off, int dst, long long *dst_off, unsigned long count) {
-    off64_t in = *src_off, out = *dst_off;
-    ssize_t n = copy_file_range(src, &in, dst, &out, count, 0);
-    *src_off = in;
-    *dst_off = out;
-    return (long)n;
-}
 
 #include <signal.h>
 #include <string.h>

@@ -17,9 +17,6 @@ int ubq_ioprio_lowest(int tid);
 int ubq_tune_malloc(int arenas, int mmap_threshold);
 int ubq_malloc_trim(void);
 
-/* copy_file_range(2) from src at *src_off to dst at *dst_off (both advanced). */
-long ubq_copy_file_range(int src, long long *src_off, int dst, long long *dst_off, unsigned long count);
-
 /* SIGTERM, SIGINT and SIGHUP each write their number (one byte) to fd; a
  * thread reading fd does the shutdown (a handler may do nothing else).
  * SIGPIPE is ignored. */
