@@ -16,7 +16,9 @@ import UbiquityStore
 /// memory, its first 64 KiB, for its S3 error code.
 ///
 /// AHC calls a delegate's methods one at a time, on the request's event
-/// loop, hence `@unchecked Sendable` for the mutable state.
+/// loop, hence `@unchecked Sendable` for the mutable state. The writes run
+/// there too: a write into the page cache is short, but a disk that makes
+/// writers wait for dirty pages slows the other requests on that loop.
 final class BodyToFile: HTTPClientResponseDelegate, @unchecked Sendable {
     typealias Response = S3Client.Response
 

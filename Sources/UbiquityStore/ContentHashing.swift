@@ -8,26 +8,6 @@ import Glibc
 public enum ContentCopy {
     public static func hash(of data: Data) -> String { hex(SHA256.hash(data: data)) }
 
-    /// The hash of bytes `offset..<offset+count` of the file `fd`, read
-    /// through a small buffer that stays in the CPU's cache (no mapping: a
-    /// file cut short meanwhile is an error here, not a fault).
-    public static func hash(ofFile fd: Int32, offset: UInt64, count: Int) throws -> String {
-        let size = 64 << 10
-        let buffer = UnsafeMutableRawPointer.allocate(byteCount: size, alignment: 64)
-        defer { buffer.deallocate() }
-        var hasher = ContentHasher()
-        var done = 0
-        while done < count {
-            let n = try syscallRetrying("read \(count) bytes to hash them") {
-                pread(fd, buffer, min(size, count - done), off_t(offset) + off_t(done))
-            }
-            guard n > 0 else { throw UbiquityError(EIO, "file ended \(count - done) bytes early while hashed") }
-            hasher.update(UnsafeRawBufferPointer(start: buffer, count: n))
-            done += n
-        }
-        return hasher.finish()
-    }
-
     /// Write all of `data` into `fd` at `offset`.
     public static func write(_ data: Data, to fd: Int32, at offset: UInt64) throws {
         try data.withUnsafeBytes { try write($0, to: fd, at: offset) }
@@ -59,8 +39,8 @@ public enum ContentCopy {
     }
 }
 
-/// The name of content that arrives in pieces (a file read through a buffer,
-/// a download as it is received).
+/// The name of content that arrives in pieces (a blob read through a
+/// buffer, a download as it is received).
 public struct ContentHasher {
     var sha = SHA256()
     public init() {}
