@@ -47,8 +47,23 @@ final class ControlServer: Sendable {
         listener = fd
     }
 
+    /// Whether the accept loop was started (then it closes the listener
+    /// itself when it ends), and whether the listener is closed. If `stop`
+    /// closed it while the loop was between two `accept`s, its number could
+    /// be reused by another socket (another server's listener) before the
+    /// loop called `accept` on it again — and the loop would take that
+    /// server's clients.
+    let listenerState = Mutex<(loopStarted: Bool, closed: Bool, stopped: Bool)>((false, false, false))
+
     func start() {
-        Thread.run(named: "ubq-control") { [self] in acceptLoop() }
+        listenerState.withLock { $0.loopStarted = true }
+        Thread.run(named: "ubq-control") { [self] in
+            acceptLoop()
+            listenerState.withLock { state in
+                if !state.closed { close(listener) }
+                state.closed = true
+            }
+        }
     }
 
     func acceptLoop() {
@@ -70,10 +85,21 @@ final class ControlServer: Sendable {
         }
     }
 
+    /// Stop accepting: `shutdown` makes every `accept` on the listener fail,
+    /// so the loop ends (and closes it). Calling it again does nothing (the
+    /// path may be another server's by then).
     func stop() {
-        shutdown(listener, Int32(SHUT_RDWR))
-        close(listener)
-        unlink(path)
+        listenerState.withLock { state in
+            guard !state.stopped else { return }
+            state.stopped = true
+            unlink(path)
+            guard !state.closed else { return }
+            shutdown(listener, Int32(SHUT_RDWR))
+            if !state.loopStarted {
+                close(listener)
+                state.closed = true
+            }
+        }
     }
 }
 
