@@ -161,10 +161,11 @@ def test_pinning_many_placeholders_keeps_threads_bounded(make_device):
           f" by name, before: {before}, most seen: {most}")
     # Every kind of thread has its bound, whatever the load: the download pool
     # 8 workers, Parallel.map's helpers 16, the FUSE session 16 workers (kept
-    # once started, so they grow with the kernel's concurrency). Every other
+    # once started, so they grow with the kernel's concurrency) plus the thread
+    # that runs libfuse's loop and only waits for it to end (CI saw 17). Every other
     # thread is started once, except a thread per control connection open at
     # the time (the pin, and what the harness asks meanwhile: CI saw 4).
-    bounds = {"ubq-download": 8, "ubq-io": 16, "ubq-fuse": 16, "ubq-request": 8}
+    bounds = {"ubq-download": 8, "ubq-io": 16, "ubq-fuse": 1 + 16, "ubq-request": 8}
     for name, count in most.items():
         bound = bounds.get(name, before.get(name, 0))
         assert count <= bound, (f"{count} threads named {name!r} while downloading 203 pinned files"
