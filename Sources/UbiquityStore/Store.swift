@@ -77,8 +77,10 @@ public protocol Store: Sendable {
     /// other). A store across a network wants many requests in flight.
     var uploadConcurrency: Int { get }
     /// How many chunks of one download are fetched at once (and ahead of
-    /// the reader): 2 for a local folder (a read and a hash each), more
-    /// across a network, where each waits on a round trip.
+    /// the reader): 4 for a local folder, so that while some wait for the
+    /// disk others hash and write (with 2, a download alone of 1 GiB ran at
+    /// 480–690 MiB/s on 2 CPUs, with 4 at 650–820); more across a network,
+    /// where each waits on a round trip.
     var downloadConcurrency: Int { get }
     /// Write blob `hash`, which must be `size` bytes, into `fd` at `offset`,
     /// verified: when this returns, those bytes of `fd` are the blob's (a
@@ -111,7 +113,7 @@ extension Store {
     public func containersMayHaveChanged() -> Bool { true }
     public var uploadConcurrency: Int { 1 }
     public var packsSmallContent: Bool { false }
-    public var downloadConcurrency: Int { 2 }
+    public var downloadConcurrency: Int { 4 }
     public func needsUpload(_ hash: String, size: Int) throws -> Bool { try !holdsBlob(hash, size: size) }
 
     public func copyBlob(_ hash: String, size: Int, into fd: Int32, at offset: UInt64) throws {

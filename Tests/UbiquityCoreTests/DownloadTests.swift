@@ -13,8 +13,8 @@ import Glibc
 /// by re-verifying every chunk in it.
 @Suite struct DownloadTests {
     static let chunk = ContentLayout.chunkSize
-    /// 10 chunks, each different, the last one short.
-    static let data = Data((0..<(9 * chunk + 12345)).map { UInt8(truncatingIfNeeded: $0 &* 131 &+ $0 >> 11 &+ ($0 >> 22) &* 77) })
+    /// 20 chunks, each different, the last one short.
+    static let data = Data((0..<(19 * chunk + 12345)).map { UInt8(truncatingIfNeeded: $0 &* 131 &+ $0 >> 11 &+ ($0 >> 22) &* 77) })
 
     /// A writes `Self.data` as "big"; B (on `storeForB`) pulls it as a placeholder.
     func placeholderOnB(_ store: InMemoryStore, _ storeForB: any Store) throws -> (TestDevice, TestDevice, UInt64) {
@@ -58,8 +58,9 @@ import Glibc
         let middle = try read(b, handle, at: 6 * Self.chunk + 99, count: 70_000)
         let middleTime = Date().timeIntervalSince(start) - tailTime
         #expect(middle == Self.data.subdata(in: (6 * Self.chunk + 99)..<(6 * Self.chunk + 70_099)))
-        // The manifest and the last chunk (0.6 s), then one chunk; in order the
-        // whole file needs (10 + 1) × 0.3 s / 2 fetches at a time = 1.65 s before the tail.
+        // The manifest and the last chunk (0.6 s), then one chunk; in order, 4
+        // fetches at a time (Store.downloadConcurrency), the tail would come
+        // after the manifest and five rounds of fetches: 1.8 s.
         #expect(tailTime < 1.2, "the last 4 KiB after \(tailTime) s")
         #expect(middleTime < 0.9, "the middle after \(middleTime) s more")
         #expect(b.replica.withNamespace { $0.node(ino)!.isPlaceholder }, "downloaded whole already: nothing measured")
@@ -76,14 +77,14 @@ import Glibc
         let hashes = stride(from: 0, to: Self.data.count, by: Self.chunk).map {
             ContentCopy.hash(of: Self.data.subdata(in: $0..<min(Self.data.count, $0 + Self.chunk)))
         }
-        // As a crash leaves it: chunks 9 (the last) and 4 in, chunk 6 torn, holes elsewhere.
+        // As a crash leaves it: chunks 19 (the last) and 4 in, chunk 6 torn, holes elsewhere.
         mkdir((partial as NSString).deletingLastPathComponent, 0o700)
         let fd = open(partial, O_RDWR | O_CREAT | O_TRUNC, 0o600)
         #expect(fd >= 0)
         func put(_ data: Data, at offset: Int) {
             _ = data.withUnsafeBytes { pwrite(fd, $0.baseAddress!, $0.count, off_t(offset)) }
         }
-        put(Self.data.subdata(in: 9 * Self.chunk..<Self.data.count), at: 9 * Self.chunk)
+        put(Self.data.subdata(in: 19 * Self.chunk..<Self.data.count), at: 19 * Self.chunk)
         put(Self.data.subdata(in: 4 * Self.chunk..<5 * Self.chunk), at: 4 * Self.chunk)
         put(Self.data.subdata(in: 6 * Self.chunk..<(6 * Self.chunk + 1000)), at: 6 * Self.chunk)
         close(fd)

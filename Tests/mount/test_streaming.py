@@ -26,11 +26,11 @@ from test_sync import MiB, SYNC_TIMEOUT, eventually, fresh_blocks, new_device, r
 pytestmark = pytest.mark.daemon
 
 CHUNK = 4 * MiB
-# Fetches at a time per download (Store.downloadConcurrency): 2 on a folder store, 8 on S3.
-FETCHES = 8 if STORE_KIND == "s3" else 2
+# Fetches at a time per download (Store.downloadConcurrency): 4 on a folder store, 8 on S3.
+FETCHES = 8 if STORE_KIND == "s3" else 4
 # Large and slow enough that a whole download takes several times as long as two fetches.
 DELAY = 2.0 if STORE_KIND == "s3" else 0.5
-SIZE = (200 if STORE_KIND == "s3" else 96) * MiB + 12345
+SIZE = 200 * MiB + 12345
 
 
 def thread_names(pid: int) -> dict:

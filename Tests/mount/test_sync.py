@@ -461,8 +461,8 @@ def test_partial_read_of_large_placeholder_returns_early(make_device):
     a = new_device(make_device, "a")
     b = new_device(make_device, "b", env={"UBIQUITYFS_FAULTS": "fetch-delay=0.3"})
     # Eight rounds of fetches whatever the store: the daemon fetches a file's
-    # chunks (4 MiB) two at a time from a folder store, eight from S3.
-    parallel = 8 if STORE_KIND == "s3" else 2
+    # chunks (4 MiB) four at a time from a folder store, eight from S3.
+    parallel = 8 if STORE_KIND == "s3" else 4
     chunks = 8 * parallel
     data = os.urandom(chunks * 4 * MiB)
     write(a.mountpoint / "large.bin", data)
