@@ -328,8 +328,9 @@ package enum QueryService {
 }
 
 /// What a query reads of an item: a record (its path as the mount shows
-/// it) or a scan's view.
-protocol QueryFields {
+/// it) or a scan's view. Its readers are `@Sendable` closures generic over
+/// the type, so the type itself must be shareable between threads.
+protocol QueryFields: SendableMetatype {
     var name: String { get }
     /// The path as the query shows it.
     var shownPath: String { get }

@@ -37,7 +37,7 @@ extension SyncEngine {
                 try packs.record(parts.reduce(into: [:]) { all, part in
                     all.merge(PackIndex.locations(in: part.changeSet.changes)) { $1 }
                 }, own: false)
-                let changes = try replica.withNamespace { ns -> ReplicaChanges? in
+                let changes = replica.withNamespace { ns -> ReplicaChanges? in
                     guard Self.isNew(ns) else { return nil }
                     var all = ReplicaChanges()
                     for part in parts {
