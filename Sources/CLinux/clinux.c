@@ -1,11 +1,13 @@
 #define _GNU_SOURCE
 #include "clinux.h"
 #include <unistd.h>
+#include <pthread.h>
 #include <sys/syscall.h>
 #include <malloc.h>
 
 int ubq_syncfs(int fd) { return (int)syscall(SYS_syncfs, fd); }
 int ubq_gettid(void) { return (int)syscall(SYS_gettid); }
+int ubq_name_this_thread(const char *name) { return pthread_setname_np(pthread_self(), name); }
 int ubq_ioprio_lowest(int tid) { return (int)syscall(SYS_ioprio_set, 1 /* IOPRIO_WHO_PROCESS */, tid, (2 << 13) | 7); }
 int ubq_tune_malloc(int arenas, int mmap_threshold) {
     return mallopt(M_ARENA_MAX, arenas) == 1 && mallopt(M_MMAP_THRESHOLD, mmap_threshold) == 1 ? 0 : -1;

@@ -1,3 +1,4 @@
+import CLinux
 import Foundation
 import Synchronization
 
@@ -132,12 +133,15 @@ final class HelperPool: Sendable {
 extension Thread {
     /// Start a thread running `body`, named `name` where Linux shows thread
     /// names (`top -H`, `ps -L`, /proc/PID/task/TID/comm), which takes at
-    /// most 15 bytes. (`Thread.name` set before `start` does not reach it.)
+    /// most 15 bytes. The thread names itself: Foundation's `Thread.name`
+    /// names nothing when set before `start`, nor when the new thread sets
+    /// it before `start` has recorded the thread's handle (a race CI lost:
+    /// a FUSE loop and its workers ran unnamed).
     @discardableResult
     public static func run(named name: String, _ body: @escaping @Sendable () -> Void) -> Thread {
         precondition(name.utf8.count <= 15, "thread name \(name) is longer than Linux's 15 bytes")
         let thread = Thread {
-            Thread.current.name = name
+            ubq_name_this_thread(name)
             body()
         }
         thread.start()

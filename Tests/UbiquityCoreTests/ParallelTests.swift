@@ -1,6 +1,7 @@
 import Foundation
 import Synchronization
 import Testing
+import CLinux
 @testable import UbiquityStore
 
 /// `Parallel.map`: results in order, callers running at once share one
@@ -69,5 +70,27 @@ import Testing
             Parallel.map(Array(0..<20), width: 16) { inner in outer * inner }.reduce(0, +)
         }
         #expect(sums == (0..<20).map { $0 * 190 })
+    }
+
+    /// Every thread `Thread.run(named:)` starts carries its name from its
+    /// first instruction, however soon it runs: the thread starts a FUSE
+    /// loop whose workers inherit the name, which is how `top -H` and the
+    /// mount tests tell them apart. (Foundation's own `Thread.name` lost
+    /// the race with `start` now and then, and the thread ran unnamed.)
+    @Test func aThreadIsNamedFromItsFirstInstruction() {
+        let count = 300
+        let unnamed = Atomic<Int>(0)
+        let done = DispatchSemaphore(value: 0)
+        for _ in 0..<count {
+            Thread.run(named: "ubq-test-name") {
+                let comm = try? String(contentsOfFile: "/proc/self/task/\(ubq_gettid())/comm", encoding: .utf8)
+                if comm?.trimmingCharacters(in: .whitespacesAndNewlines) != "ubq-test-name" {
+                    unnamed.add(1, ordering: .relaxed)
+                }
+                done.signal()
+            }
+        }
+        for _ in 0..<count { done.wait() }
+        #expect(unnamed.load(ordering: .relaxed) == 0, "threads that ran unnamed")
     }
 }

@@ -33,17 +33,25 @@ DELAY = 2.0 if STORE_KIND == "s3" else 0.5
 SIZE = 200 * MiB + 12345
 
 
-def thread_names(pid: int) -> dict:
-    """How many threads of `pid` have each name (ended threads are left out)."""
-    names = {}
+def thread_tids(pid: int, names: dict) -> list:
+    """The threads of `pid` alive now; `names` learns each one's name as
+    /proc shows it now (ended threads are left out)."""
+    tids = []
     for tid in os.listdir(f"/proc/{pid}/task"):
         try:
             with open(f"/proc/{pid}/task/{tid}/comm") as f:
-                name = f.read().strip()
+                names[tid] = f.read().strip()
         except FileNotFoundError:
             continue
-        names[name] = names.get(name, 0) + 1
-    return names
+        tids.append(tid)
+    return tids
+
+
+def count_by_name(tids: list, names: dict) -> dict:
+    counts = {}
+    for tid in tids:
+        counts[names[tid]] = counts.get(names[tid], 0) + 1
+    return counts
 
 
 def listed_on(dev, rel: str, size: int):
@@ -129,18 +137,17 @@ def test_pinning_many_placeholders_keeps_threads_bounded(make_device):
     eventually(lambda: len(os.listdir(b.mountpoint / "many")) == len(files)
                or (_ for _ in ()).throw(AssertionError(len(os.listdir(b.mountpoint / "many")))),
                SYNC_TIMEOUT * 3, what="B lists every file")
-    before = thread_names(b.pid)
-    most = dict(before)      # the most threads seen with each name
-    peak = sum(before.values())
+    # A new thread carries the name of the thread that started it until it
+    # names itself, a moment later. So each sample keeps which threads were
+    # alive, and they are counted by name at the end, by the name each last had.
+    names = {}
+    before_tids = thread_tids(b.pid, names)
+    samples = []
     stop = threading.Event()
 
     def sample():
-        nonlocal peak
         while not stop.is_set():
-            names = thread_names(b.pid)
-            peak = max(peak, sum(names.values()))
-            for name, count in names.items():
-                most[name] = max(most.get(name, 0), count)
+            samples.append(thread_tids(b.pid, names))
             time.sleep(0.005)
 
     sampler = threading.Thread(target=sample)
@@ -157,6 +164,12 @@ def test_pinning_many_placeholders_keeps_threads_bounded(make_device):
     finally:
         stop.set()
         sampler.join()
+    before = count_by_name(before_tids, names)
+    most = dict(before)      # the most threads seen with each name
+    for tids in samples:
+        for name, count in count_by_name(tids, names).items():
+            most[name] = max(most.get(name, 0), count)
+    peak = max(len(tids) for tids in samples)
     print(f"threads: {sum(before.values())} before pinning, at most {peak} while 203 files downloaded;"
           f" by name, before: {before}, most seen: {most}")
     # Every kind of thread has its bound, whatever the load: the download pool

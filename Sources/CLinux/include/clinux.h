@@ -10,6 +10,9 @@
 int ubq_syncfs(int fd);
 /* gettid(2): the calling thread's id. */
 int ubq_gettid(void);
+/* pthread_setname_np(3) for the calling thread: its name in /proc/PID/task/TID/comm
+ * (at most 15 bytes), which threads it starts inherit. */
+int ubq_name_this_thread(const char *name);
 /* ioprio_set(2) for a thread: best-effort class, lowest level (7). */
 int ubq_ioprio_lowest(int tid);
 /* mallopt(M_ARENA_MAX, arenas) and mallopt(M_MMAP_THRESHOLD, mmap_threshold),
