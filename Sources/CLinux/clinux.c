@@ -2,11 +2,19 @@
 #include "clinux.h"
 #include <unistd.h>
 #include <pthread.h>
+#include <fcntl.h>
 #include <sys/syscall.h>
 #include <malloc.h>
 
 int ubq_syncfs(int fd) { return (int)syscall(SYS_syncfs, fd); }
 int ubq_gettid(void) { return (int)syscall(SYS_gettid); }
+long ubq_cached_pages(int fd, unsigned long offset, unsigned long length) {
+    struct { unsigned long long off, len; } range = { offset, length };
+    struct { unsigned long long cache, dirty, writeback, evicted, recently_evicted; } stat;
+    /* 451: cachestat's number in the generic table every architecture shares. */
+    return syscall(451, fd, &range, &stat, 0) == 0 ? (long)stat.cache : -1;
+}
+int ubq_o_direct(void) { return O_DIRECT; }
 int ubq_name_this_thread(const char *name) { return pthread_setname_np(pthread_self(), name); }
 int ubq_ioprio_lowest(int tid) { return (int)syscall(SYS_ioprio_set, 1 /* IOPRIO_WHO_PROCESS */, tid, (2 << 13) | 7); }
 int ubq_tune_malloc(int arenas, int mmap_threshold) {

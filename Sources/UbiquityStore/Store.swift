@@ -85,8 +85,8 @@ public protocol Store: Sendable {
     /// Write blob `hash`, which must be `size` bytes, into `fd` at `offset`,
     /// verified: when this returns, those bytes of `fd` are the blob's (a
     /// blob of another size or content throws, leaving whatever it wrote).
-    /// Default: `fetchBlob` and `pwrite`. The folder store copies file to
-    /// file in the kernel and hashes what landed (one copy, not three).
+    /// Default: `fetchBlob` and `pwrite`. The folder store reads the blob
+    /// into a kept buffer (`O_DIRECT`) and hashes and writes it from there.
     func copyBlob(_ hash: String, size: Int, into fd: Int32, at offset: UInt64) throws
 
     /// Whether blob `hash` of `size` bytes must be uploaded: false when the

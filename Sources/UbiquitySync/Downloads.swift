@@ -168,6 +168,8 @@ final class DownloadPool: @unchecked Sendable {
                 continue
             }
             idle += 1
+            // The last worker to go idle with nothing queued lets go of the read buffers.
+            if idle == threads && active.isEmpty { ChunkBuffer.trim() }
             condition.wait()
             idle -= 1
         }

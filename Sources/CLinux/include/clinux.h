@@ -13,6 +13,11 @@ int ubq_gettid(void);
 /* pthread_setname_np(3) for the calling thread: its name in /proc/PID/task/TID/comm
  * (at most 15 bytes), which threads it starts inherit. */
 int ubq_name_this_thread(const char *name);
+/* cachestat(2) (Linux 6.5): how many pages of fd's bytes offset..<offset+length
+ * the page cache holds, without reading anything (-1 with ENOSYS before 6.5). */
+long ubq_cached_pages(int fd, unsigned long offset, unsigned long length);
+/* O_DIRECT for open(2) (its value differs between architectures). */
+int ubq_o_direct(void);
 /* ioprio_set(2) for a thread: best-effort class, lowest level (7). */
 int ubq_ioprio_lowest(int tid);
 /* mallopt(M_ARENA_MAX, arenas) and mallopt(M_MMAP_THRESHOLD, mmap_threshold),
