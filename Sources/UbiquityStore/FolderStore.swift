@@ -416,16 +416,11 @@ public final class FolderStore: Store {
     /// cache, and each piece written on. A window the page cache holds whole
     /// (`cachestat`: a blob another device on this machine just wrote) is
     /// read from there; any other with `O_DIRECT`, straight into the buffer,
-    /// as one request. Through the page cache, a 1 GiB download took another
-    /// gigabyte of memory, pages this machine's kernel must first find, and
-    /// a copy out of it: a 1 GiB placeholder read now uses 1.3–1.6 s of the
-    /// daemon's CPU against 1.9–2.4 s, and reads at 0.98 of `cat` of its
-    /// blobs against 0.69 (medians of five rounds, alternating). (A
-    /// `RWF_NOWAIT` read to find what is cached is no probe: on a miss it
-    /// starts the page cache's read-ahead, and the disk reads the blob
-    /// twice.) Where the store's filesystem refuses `O_DIRECT`, the window
-    /// is read through the page cache, asked of the disk at once
-    /// (`POSIX_FADV_WILLNEED`).
+    /// as one request, so the download does not take a second copy of the
+    /// content in memory. Where the store's filesystem refuses `O_DIRECT`,
+    /// the window is read through the page cache, asked of the disk at once
+    /// (`POSIX_FADV_WILLNEED`). DESIGN.md has the measurements, and what
+    /// was tried instead.
     public func copyBlob(_ hash: String, size: Int, into fd: Int32, at offset: UInt64) throws {
         try checkReachableForBlobs()
         let source = try openBlob(hash)
@@ -556,10 +551,9 @@ public final class FolderStore: Store {
 /// new one's pages cost the kernel a fault and a zeroing each: more than
 /// the copy they save) and freed by `trim` when downloads are over: at
 /// most one per download worker. Aligned to, and asked to be made of, 2 MiB
-/// huge pages: an `O_DIRECT` request can take only so many separate pieces
-/// of memory (`max_segments`: 254 on a virtio disk), so into 4 KiB pages a
-/// 4 MiB read goes to the disk as four requests of 1 MiB, and the disk then
-/// read no faster than 540–830 MiB/s; into two huge pages, as one, at 930–1,070.
+/// huge pages: an `O_DIRECT` request takes at most `max_segments` separate
+/// pieces of memory (254 on a virtio disk), so into 4 KiB pages a 4 MiB read
+/// would reach the disk as four requests; into two huge pages it is one.
 public enum ChunkBuffer {
     static let size = 4 << 20
     static let alignment = 4096
