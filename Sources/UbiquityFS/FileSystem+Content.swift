@@ -18,6 +18,8 @@ struct HandleTable: Sendable {
         /// version (up to its size).
         var streamingSize: UInt64?
         var streamingVersion: String?
+        /// A streaming reader's run: what the kernel may drop behind it.
+        var run = StreamedRun()
     }
 
     struct Listing: Sendable {
@@ -236,10 +238,12 @@ extension FileSystem {
     public func read(handle: UInt64, offset: Int64, size: Int) throws -> ReadReply {
         let file = try openFileFor(handle)
         replica.foreground.noteIO()
-        if let total = file.streamingSize, UInt64(offset) < total {
+        guard let total = file.streamingSize else { return .fileRange(fd: file.fd, offset: offset, size: size) }
+        if UInt64(offset) < total {
             try hooks.waitForContent(ino: file.ino, version: file.streamingVersion, from: UInt64(offset), upTo: min(total, UInt64(offset) + UInt64(size)))
         }
-        return .fileRange(fd: file.fd, offset: offset, size: size)
+        let passed = handles.withLock { $0.files[handle]?.run.read(offset: offset, size: size) }
+        return .fileRange(fd: file.fd, offset: offset, size: size, passed: passed)
     }
 
     /// Write `count` bytes at `offset`; returns the bytes written.

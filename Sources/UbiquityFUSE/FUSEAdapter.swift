@@ -16,6 +16,8 @@ import UbiquityStore
 final class FUSEContext: @unchecked Sendable {
     let fs: any MountedFileSystem
     let logger: Logger
+    /// The session serving `fs`, for notifications from a request (set once, before mounting).
+    weak var session: FUSESession?
 
     init(fs: any MountedFileSystem, logger: Logger) {
         self.fs = fs
@@ -264,14 +266,16 @@ func makeOperations() -> fuse_lowlevel_ops {
         }
     }
 
-    ops.read = { req, _, size, offset, fi in
+    ops.read = { req, ino, size, offset, fi in
         let ctx = FUSEContext.from(req)
         guard let fi else { fuse_reply_err(req, EBADF); return }
         let handle = UInt64(fi.pointee.fh)
         ctx.serve(req, "read") {
             switch try ctx.fs.read(handle: handle, offset: Int64(offset), size: size) {
-            case .fileRange(let fd, let offset, let size):
+            case .fileRange(let fd, let offset, let size, let passed):
                 _ = ubq_reply_fd_range(req, fd, off_t(offset), size)
+                // After the reply: the pages of this read are unlocked by now.
+                if let passed { ctx.session?.dropCachedPages(ino: ino, passed) }
             case .bytes(let bytes):
                 _ = bytes.withUnsafeBytes { fuse_reply_buf(req, $0.baseAddress?.assumingMemoryBound(to: CChar.self), $0.count) }
             }

@@ -69,6 +69,7 @@ public final class FUSESession: @unchecked Sendable {
     public init(fileSystem: any MountedFileSystem, mountpoint: String, logger: Logger) {
         context = FUSEContext(fs: fileSystem, logger: logger)
         self.mountpoint = mountpoint
+        context.session = self
     }
 
     /// Create the session and mount it. `options` are `-o` mount options.
@@ -255,6 +256,14 @@ public final class FUSESession: @unchecked Sendable {
                 _ = fuse_lowlevel_notify_inval_inode(se, fuse_ino_t(ino), contentChanged ? 0 : -1, 0)
             }
         }
+    }
+
+    /// Let the kernel free its cached pages of `range` of inode `ino` (the
+    /// kernel's number): a reader streamed past them (`ReadReply`). Called
+    /// by the READ that passed them, after its reply: a page under a read
+    /// still waiting is locked, and this waits for such pages.
+    func dropCachedPages(ino: fuse_ino_t, _ range: Range<Int64>) {
+        withSession { se in _ = fuse_lowlevel_notify_inval_inode(se, ino, off_t(range.lowerBound), off_t(range.count)) }
     }
 
     /// Drop the kernel's entry for `name` in directory `parent` (kernel numbers).

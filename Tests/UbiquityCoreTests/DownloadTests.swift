@@ -35,7 +35,7 @@ import Glibc
     }
 
     func read(_ device: TestDevice, _ handle: UInt64, at offset: Int, count: Int) throws -> Data {
-        guard case .fileRange(let fd, let at, let size) = try device.fs.read(handle: handle, offset: Int64(offset), size: count) else {
+        guard case .fileRange(let fd, let at, let size, _) = try device.fs.read(handle: handle, offset: Int64(offset), size: count) else {
             return Data()
         }
         var buffer = [UInt8](repeating: 0, count: size)
@@ -66,6 +66,56 @@ import Glibc
         #expect(b.replica.withNamespace { $0.node(ino)!.isPlaceholder }, "downloaded whole already: nothing measured")
         try b.engine.download(ino: ino)
         #expect(try read(b, handle, at: 0, count: Self.data.count) == Self.data)
+    }
+
+    /// What a read says the kernel may drop (`ReadReply`'s `passed`).
+    func passed(_ device: TestDevice, _ handle: UInt64, at offset: Int, count: Int) throws -> Range<Int64>? {
+        guard case .fileRange(_, _, _, let passed) = try device.fs.read(handle: handle, offset: Int64(offset), size: count) else {
+            return nil
+        }
+        return passed
+    }
+
+    /// A reader streaming a placeholder lets the kernel drop the pages it
+    /// passed: from where its run began, 8 MiB at a time, 16 MiB behind it,
+    /// whatever order the read-ahead's requests come in. A reader that jumps
+    /// about drops nothing, and nor does one of a file opened with its
+    /// content here (only a download puts the same bytes in two caches).
+    @Test func theKernelMayDropWhatAStreamingReaderPassed() throws {
+        let store = InMemoryStore()
+        let (a, b, ino) = try placeholderOnB(store, store)
+        defer { a.cleanUp(); b.cleanUp() }
+        let streaming = try b.fs.open(ino: ino, flags: O_RDONLY).handle
+        let jumping = try b.fs.open(ino: ino, flags: O_RDONLY).handle
+        defer { try? b.fs.release(handle: streaming); try? b.fs.release(handle: jumping) }
+        let mib = 1 << 20
+        for offset in [40 * mib, 3 * mib, 70 * mib, 20 * mib + 4096, 60 * mib, 0, 30 * mib] {
+            #expect(try passed(b, jumping, at: offset, count: 128 << 10) == nil, "a jump to \(offset) dropped pages")
+        }
+        // 128 KiB reads from the start, each pair answered the wrong way round.
+        let piece = 128 << 10
+        var dropped: [Range<Int64>] = []
+        for pair in stride(from: 0, to: Self.data.count, by: 2 * piece) {
+            for offset in [pair + piece, pair] where offset < Self.data.count {
+                if let range = try passed(b, streaming, at: offset, count: min(piece, Self.data.count - offset)) {
+                    dropped.append(range)
+                }
+            }
+        }
+        #expect(dropped.first?.lowerBound == 0)
+        #expect(zip(dropped, dropped.dropFirst()).allSatisfy { $0.upperBound == $1.lowerBound }, "\(dropped)")
+        #expect(dropped.allSatisfy { $0.count % (8 << 20) == 0 }, "\(dropped)")
+        let lag = Int64(Self.data.count) - (dropped.last?.upperBound ?? 0)
+        #expect(lag >= 16 << 20 && lag < 24 << 20, "\(lag) bytes kept behind the reader")
+        #expect(try read(b, streaming, at: 0, count: Self.data.count) == Self.data)
+
+        try b.engine.download(ino: ino)
+        #expect(!b.replica.withNamespace { $0.node(ino)!.isPlaceholder })
+        let local = try b.fs.open(ino: ino, flags: O_RDONLY).handle
+        defer { try? b.fs.release(handle: local) }
+        for offset in stride(from: 0, to: Self.data.count, by: piece) {
+            #expect(try passed(b, local, at: offset, count: piece) == nil, "a read of local content dropped pages")
+        }
     }
 
     @Test func aResumedDownloadReverifiesEveryChunkOfAnOutOfOrderPartialFile() throws {

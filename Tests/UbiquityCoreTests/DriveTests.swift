@@ -43,7 +43,7 @@ import Glibc
         #expect(inside.ino >> 48 == folder.ino >> 48)
         let opened = try drive.open(ino: inside.ino, flags: O_RDONLY)
         #expect(opened.handle >> 48 == folder.ino >> 48)
-        guard case .fileRange(let fd, _, _) = try drive.read(handle: opened.handle, offset: 0, size: 10) else {
+        guard case .fileRange(let fd, _, _, _) = try drive.read(handle: opened.handle, offset: 0, size: 10) else {
             Issue.record("expected a file range")
             return
         }

@@ -68,7 +68,7 @@ import Glibc
             try d.fs.unlink(parent: Namespace.rootIno, name: "gone")
             #expect(errno { _ = try d.fs.lookup(parent: Namespace.rootIno, name: "gone") } == ENOENT)
             #expect(try d.fs.getattr(ino: ino).nlink == 0)
-            guard case .fileRange(let fd, _, _) = try d.fs.read(handle: handle, offset: 0, size: 10) else { Issue.record("no range"); return }
+            guard case .fileRange(let fd, _, _, _) = try d.fs.read(handle: handle, offset: 0, size: 10) else { Issue.record("no range"); return }
             var buffer = [UInt8](repeating: 0, count: 10)
             #expect(pread(fd, &buffer, 10, 0) == 10)
             #expect(String(decoding: buffer, as: UTF8.self) == "still here")

@@ -76,7 +76,7 @@ final class TestDevice {
         let handle = try fs.open(ino: ino, flags: O_RDONLY).handle
         defer { try? fs.release(handle: handle) }
         let size = Int(try fs.getattr(ino: ino).size)
-        guard case .fileRange(let fd, let offset, _) = try fs.read(handle: handle, offset: 0, size: size) else { return "" }
+        guard case .fileRange(let fd, let offset, _, _) = try fs.read(handle: handle, offset: 0, size: size) else { return "" }
         var buffer = [UInt8](repeating: 0, count: size)
         let n = pread(fd, &buffer, size, off_t(offset))
         return String(decoding: buffer[0..<max(0, n)], as: UTF8.self)

@@ -36,7 +36,7 @@ import Glibc
         let size = Int(try device.fs.getattr(ino: ino).size)
         let handle = try device.fs.open(ino: ino, flags: O_RDONLY).handle
         defer { try? device.fs.release(handle: handle) }
-        guard case .fileRange(let fd, let offset, _) = try device.fs.read(handle: handle, offset: 0, size: size) else { return Data() }
+        guard case .fileRange(let fd, let offset, _, _) = try device.fs.read(handle: handle, offset: 0, size: size) else { return Data() }
         var buffer = [UInt8](repeating: 0, count: size)
         let n = pread(fd, &buffer, size, off_t(offset))
         return Data(buffer[0..<max(0, n)])

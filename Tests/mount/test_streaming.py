@@ -1,7 +1,8 @@
 """Placeholders that stream: reads at any offset are served as soon as their
 chunk is verified (the chunks a reader waits for are fetched first), a bounded
 pool of download workers however many placeholders are pinned, and an
-interrupted out-of-order download that resumes after `kill -9`.
+interrupted out-of-order download that resumes after `kill -9`, and a stream
+that the kernel does not cache twice.
 
 Device B's blob fetches are slowed with UBIQUITYFS_FAULTS=fetch-delay=S (the
 daemon's test-only fault injection), so the order in which chunks arrive is
@@ -11,8 +12,10 @@ at a time).
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import os
+import random
 import subprocess
 import threading
 import time
@@ -117,6 +120,66 @@ def test_reads_at_the_end_and_middle_jump_the_queue(make_device):
     assert t_tail < 3 * delay + 1, f"`tail -c 4096` took {t_tail:.2f}s (whole download >= {whole:.1f}s)"
     eventually(lambda: read(b.mountpoint / "two.bin") == two or (_ for _ in ()).throw(AssertionError("differs")),
                120, what="two.bin complete and right on B")
+
+
+class CacheStat(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_uint64) for name in ("cache", "dirty", "writeback", "evicted", "recently_evicted")]
+
+
+def cached_pages(fd: int, offset: int, length: int) -> int:
+    """Pages of `fd`'s range in the page cache: cachestat(2) (Linux 6.5), on the
+    reader's own descriptor (a new open may drop the cache)."""
+    rng = (ctypes.c_uint64 * 2)(offset, length)
+    stat = CacheStat()
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.syscall(451, fd, ctypes.byref(rng), ctypes.byref(stat), 0) != 0:
+        err = ctypes.get_errno()
+        pytest.skip(f"cachestat(2): {os.strerror(err)}")
+    return stat.cache
+
+
+def test_a_streamed_placeholder_is_not_cached_twice(make_device):
+    """The download puts a placeholder's bytes in B's cache file; the kernel
+    caches them again for the mounted file. Behind a reader that streams the
+    placeholder, the mounted file's pages are dropped (16 MiB behind it, 8 MiB
+    at a time); what it reads stays right, also read again. A reader that
+    jumps about keeps its pages."""
+    size = 96 * MiB + 4321
+    a = new_device(make_device, "a")
+    b = new_device(make_device, "b")
+    data = os.urandom(size)
+    write(a.mountpoint / "stream.bin", data)
+    write(a.mountpoint / "jumps.bin", data[::-1])
+    wait_pushed(a, 120)
+    listed_on(b, "stream.bin", size)
+    listed_on(b, "jumps.bin", size)
+
+    fd = os.open(b.mountpoint / "stream.bin", os.O_RDONLY)
+    try:
+        assert fresh_blocks(b.mountpoint / "stream.bin") == 0, "stream.bin was downloaded already: nothing measured"
+        got = bytearray()
+        while part := os.read(fd, MiB):
+            got += part
+        assert bytes(got) == data, f"stream.bin on B differs from A's ({len(got)} bytes read)"
+        kept = cached_pages(fd, 0, size) * 4096
+        print(f"stream.bin: {kept / MiB:.1f} MiB of {size / MiB:.0f} MiB in the kernel's cache after reading it all")
+        assert kept <= 32 * MiB, f"{kept / MiB:.1f} MiB of the streamed file stayed in the kernel's cache"
+        assert cached_pages(fd, size - 8 * MiB, 8 * MiB) > 0, "the pages just read were dropped too"
+        # Read again, through FUSE from the cache file: the same bytes.
+        assert os.pread(fd, size, 0) == data, "stream.bin read again on B differs from A's"
+    finally:
+        os.close(fd)
+
+    fd = os.open(b.mountpoint / "jumps.bin", os.O_RDONLY)
+    try:
+        rng = random.Random(7)
+        offsets = [rng.randrange(0, size - 4096) & ~4095 for _ in range(64)]
+        for at in offsets:
+            assert os.pread(fd, 4096, at) == data[::-1][at:at + 4096], f"jumps.bin at {at} differs from A's"
+        dropped = [at for at in offsets if cached_pages(fd, at, 4096) == 0]
+        assert not dropped, f"a reader jumping about lost its cached pages at {dropped[:5]}"
+    finally:
+        os.close(fd)
 
 
 def test_pinning_many_placeholders_keeps_threads_bounded(make_device):
