@@ -115,15 +115,15 @@ struct StreamedRun: Sendable {
     /// How far out of order a read may be and still continue the run.
     static let slack: Int64 = 2 << 20
 
-    var start: Int64 = 0
+    /// The furthest byte of the run read so far.
     var end: Int64 = 0
+    /// Where the part not dropped yet begins (at first, where the run began).
     var passedUpTo: Int64 = 0
 
     /// Note a read; the range the kernel may drop now, if any.
     mutating func read(offset: Int64, size: Int) -> Range<Int64>? {
         let readEnd = offset + Int64(size)
-        if offset < end - Self.slack || offset > end + Self.slack {
-            start = offset
+        if offset < end - Self.slack || offset > end + Self.slack {   // a new run
             end = readEnd
             passedUpTo = offset
         } else {
