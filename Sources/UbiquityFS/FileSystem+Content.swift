@@ -38,6 +38,51 @@ struct HandleTable: Sendable {
     }
 }
 
+/// The sequential run of one reader of a placeholder, and how much of it
+/// the kernel may forget.
+///
+/// The download holds a placeholder's bytes in the cache file's pages, and
+/// the kernel caches them again for the mounted file as the reader gets
+/// them. Behind a reader that streams, the pages it passed are given back,
+/// so the rest of the stream reuses warm memory instead of touching fresh
+/// (dear on a VM whose host takes back free memory: DESIGN.md, "Chunked
+/// content", has the figures). Reading them again goes through FUSE to the
+/// cache file's pages, which stay.
+///
+/// Only a run counts: reads that each start where the last ended (give or
+/// take the kernel's read-ahead, whose requests arrive out of order on
+/// several threads). A random reader never builds a run longer than `lag`
+/// and drops nothing.
+struct StreamedRun: Sendable {
+    /// Kept behind the furthest byte read: what the kernel's read-ahead and
+    /// a reader that steps back a little still use.
+    static let lag: Int64 = 16 << 20
+    /// Given back at a time (one notification to the kernel each).
+    static let step: Int64 = 8 << 20
+    /// How far out of order a read may be and still continue the run.
+    static let slack: Int64 = 2 << 20
+
+    /// The furthest byte of the run read so far.
+    var end: Int64 = 0
+    /// Where the part not dropped yet begins (at first, where the run began).
+    var passedUpTo: Int64 = 0
+
+    /// Note a read; the range the kernel may drop now, if any.
+    mutating func read(offset: Int64, size: Int) -> Range<Int64>? {
+        let readEnd = offset + Int64(size)
+        if offset < end - Self.slack || offset > end + Self.slack {   // a new run
+            end = readEnd
+            passedUpTo = offset
+        } else {
+            end = max(end, readEnd)
+        }
+        let upTo = (end - Self.lag) / Self.step * Self.step
+        guard upTo - passedUpTo >= Self.step else { return nil }
+        defer { passedUpTo = upTo }
+        return passedUpTo..<upTo
+    }
+}
+
 extension FileSystem {
     // MARK: - Files
 

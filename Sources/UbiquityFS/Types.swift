@@ -88,54 +88,6 @@ public enum ReadReply: Sendable {
     case bytes([UInt8])
 }
 
-/// The sequential run of one reader of a placeholder, and how much of it
-/// the kernel may forget.
-///
-/// A placeholder's download writes its content into the cache file, whose
-/// pages the kernel keeps, and the kernel caches again, for the FUSE file,
-/// every page the reader gets: a 1 GiB stream took 2 GiB of fresh memory
-/// where `cat` of the blobs takes 1. On a VM whose host takes back the
-/// guest's free memory (free page reporting), memory not used for a few
-/// seconds costs ten times as much to touch again (1 GiB of page cache:
-/// 3 s of CPU instead of 0.3). So behind a reader that streams, pages it
-/// has passed are given back: the kernel frees them, and the next pages of
-/// the stream reuse them while they are still warm. Reading them again
-/// goes through FUSE to the cache file's pages, which stay.
-///
-/// Only a run counts: reads that each start where the last ended (give or
-/// take the kernel's read-ahead, whose requests arrive out of order on
-/// several threads). A random reader never builds a run longer than `lag`
-/// and drops nothing.
-struct StreamedRun: Sendable {
-    /// Kept behind the furthest byte read: what the kernel's read-ahead and
-    /// a reader that steps back a little still use.
-    static let lag: Int64 = 16 << 20
-    /// Given back at a time (one notification to the kernel each).
-    static let step: Int64 = 8 << 20
-    /// How far out of order a read may be and still continue the run.
-    static let slack: Int64 = 2 << 20
-
-    /// The furthest byte of the run read so far.
-    var end: Int64 = 0
-    /// Where the part not dropped yet begins (at first, where the run began).
-    var passedUpTo: Int64 = 0
-
-    /// Note a read; the range the kernel may drop now, if any.
-    mutating func read(offset: Int64, size: Int) -> Range<Int64>? {
-        let readEnd = offset + Int64(size)
-        if offset < end - Self.slack || offset > end + Self.slack {   // a new run
-            end = readEnd
-            passedUpTo = offset
-        } else {
-            end = max(end, readEnd)
-        }
-        let upTo = (end - Self.lag) / Self.step * Self.step
-        guard upTo - passedUpTo >= Self.step else { return nil }
-        defer { passedUpTo = upTo }
-        return passedUpTo..<upTo
-    }
-}
-
 public struct DirectoryEntry: Sendable {
     public var name: FileName
     public var ino: UInt64
