@@ -361,6 +361,15 @@ def bench_placeholder(a, b, store, mib, rounds):
         return time.perf_counter() - t0
 
     def read():
+        # Each round reads a placeholder: nothing downloaded, nothing downloading
+        # (an eviction stops the download that goes on after a stream).
+        for _ in range(100):
+            status = json.loads(os.getxattr(target, "user.ubiquity.status"))
+            if status["downloadingStatus"] == "notDownloaded" and not status["isDownloading"]:
+                break
+            time.sleep(0.1)
+        else:
+            raise RuntimeError(f"B's big.bin is not a placeholder before a timed read: {status}")
         drop_caches()
         seconds = read_whole(target, mib)
         b.cli("evict", target)

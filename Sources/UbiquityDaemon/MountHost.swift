@@ -328,7 +328,7 @@ final class MountHost: @unchecked Sendable {
         var index = 0
         while index < files.count {
             let batch = files[index..<min(files.count, index + wave)]
-            for file in batch { file.host.engine.startDownload(ino: file.ino) }
+            for file in batch { file.host.engine.startDownload(ino: file.ino, keep: true) }
             for (offset, file) in batch.enumerated() {
                 do {
                     try file.host.engine.waitForContent(ino: file.ino, version: file.version, upTo: file.size)

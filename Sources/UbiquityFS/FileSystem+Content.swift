@@ -219,14 +219,19 @@ extension FileSystem {
     /// the newer version's download starts).
     func openStreaming(_ node: LocalNode) throws -> OpenReply? {
         let ino = node.ino
-        let path = hooks.startDownload(ino: ino, background: false)
+        // Counted before the download starts, so that its first chunks are held for the reader too.
+        hooks.beginStream(ino: ino, version: node.hash)
+        let path = hooks.startDownload(ino: ino, background: false, keep: false)
         let fd = Glibc.open(path, O_RDONLY | O_CLOEXEC)
         guard fd >= 0 else {
-            guard errno == ENOENT else { throw UbiquityError.posix("open download of inode \(ino)") }
+            let code = errno
+            hooks.endStream(ino: ino, version: node.hash)
+            guard code == ENOENT else { throw UbiquityError.posix("open download of inode \(ino)", errno: code) }
             return nil
         }
         guard let opened = register(ino: ino, fd: fd, writable: false, streaming: (node.hashSize, node.hash)) else {
             close(fd)
+            hooks.endStream(ino: ino, version: node.hash)
             throw UbiquityError(ENOENT)
         }
         return opened
@@ -284,11 +289,33 @@ extension FileSystem {
         let file = try openFileFor(handle)
         replica.foreground.noteIO()
         guard let total = file.streamingSize else { return .fileRange(fd: file.fd, offset: offset, size: size) }
+        let end = min(total, UInt64(offset) + UInt64(size))
+        var held: [PinnedBytes] = []
         if UInt64(offset) < total {
-            try hooks.waitForContent(ino: file.ino, version: file.streamingVersion, from: UInt64(offset), upTo: min(total, UInt64(offset) + UInt64(size)))
+            held = try hooks.waitToRead(ino: file.ino, version: file.streamingVersion, from: UInt64(offset), upTo: end)
         }
         let passed = handles.withLock { $0.files[handle]?.run.read(offset: offset, size: size) }
-        return .fileRange(fd: file.fd, offset: offset, size: size, passed: passed)
+        if held.isEmpty { return .fileRange(fd: file.fd, offset: offset, size: size, passed: passed) }
+        if held.count == 1, held[0].offset == UInt64(offset), held[0].offset + UInt64(held[0].count) == end {
+            return .memory(held[0], passed: passed)
+        }
+        // Across a chunk boundary: held parts copied, the rest read from the file.
+        var bytes = [UInt8](repeating: 0, count: Int(end - UInt64(offset)))
+        try bytes.withUnsafeMutableBytes { out in
+            func fromFile(_ lower: UInt64, _ upper: UInt64) throws {
+                guard upper > lower else { return }
+                let n = pread(file.fd, out.baseAddress! + Int(lower - UInt64(offset)), Int(upper - lower), off_t(lower))
+                guard n == Int(upper - lower) else { throw UbiquityError(EIO, "read of inode \(file.ino): its download's file is short") }
+            }
+            var at = UInt64(offset)
+            for part in held {
+                try fromFile(at, part.offset)
+                (out.baseAddress! + Int(part.offset - UInt64(offset))).copyMemory(from: part.base, byteCount: part.count)
+                at = part.offset + UInt64(part.count)
+            }
+            try fromFile(at, end)
+        }
+        return .bytes(bytes, passed: passed)
     }
 
     /// Write `count` bytes at `offset`; returns the bytes written.
@@ -352,6 +379,7 @@ extension FileSystem {
     public func release(handle: UInt64) throws {
         guard let file = handles.withLock({ $0.files.removeValue(forKey: handle) }) else { throw UbiquityError(EBADF) }
         close(file.fd)
+        if file.streamingSize != nil { hooks.endStream(ino: file.ino, version: file.streamingVersion) }
         let dropped = replica.withNamespace { ns -> Bool in
             // Reads through a handle of older content may have refilled the
             // kernel's cache with it: make the next open drop that cache.

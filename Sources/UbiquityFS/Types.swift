@@ -80,12 +80,14 @@ public struct OpenReply: Sendable {
 }
 
 /// What a read answers: a range of a local file (sent with splice, no copy
-/// through this process) or bytes. `passed`: bytes of the file the kernel
+/// through this process), memory a download holds, or bytes. `passed`: bytes of the file the kernel
 /// may now drop from its page cache, because the reader streamed past them
 /// (`StreamedRun`); nil almost always.
 public enum ReadReply: Sendable {
     case fileRange(fd: Int32, offset: Int64, size: Int, passed: Range<Int64>? = nil)
-    case bytes([UInt8])
+    /// Held by a download for a streaming reader (released after the reply).
+    case memory(PinnedBytes, passed: Range<Int64>?)
+    case bytes([UInt8], passed: Range<Int64>? = nil)
 }
 
 public struct DirectoryEntry: Sendable {
@@ -124,11 +126,16 @@ public protocol SyncHooks: Sendable {
     func localChangeRecorded()
     /// Start streaming the content of placeholder `ino`; returns the path of
     /// the file receiving it (to open for reading).
-    func startDownload(ino: UInt64, background: Bool) -> String
-    /// Wait until bytes `from..<upTo` of version `version` (its hash) of
-    /// `ino` are downloaded and verified, or throw `EIO`; the chunks of a
-    /// short range are fetched before any other.
-    func waitForContent(ino: UInt64, version: String?, from: UInt64, upTo: UInt64) throws
+    func startDownload(ino: UInt64, background: Bool, keep: Bool) -> String
+    /// A reader opened placeholder `ino` at version `version` (its hash)
+    /// to stream it, or closed it.
+    func beginStream(ino: UInt64, version: String?)
+    func endStream(ino: UInt64, version: String?)
+    /// Wait until bytes `from..<upTo` of version `version` of `ino` are
+    /// downloaded and verified, or throw `EIO`; the chunks of a short range
+    /// are fetched before any other. The parts held in memory for streaming
+    /// readers are returned, pinned (none: all in the file being downloaded).
+    func waitToRead(ino: UInt64, version: String?, from: UInt64, upTo: UInt64) throws -> [PinnedBytes]
     /// Download all of `ino` and wait for it, or throw `EIO`.
     func download(ino: UInt64) throws
     /// The value of a read-only `user.ubiquity.*` status attribute, or nil.

@@ -276,8 +276,14 @@ func makeOperations() -> fuse_lowlevel_ops {
                 _ = ubq_reply_fd_range(req, fd, off_t(offset), size)
                 // After the reply: the pages of this read are unlocked by now.
                 if let passed { ctx.session?.dropCachedPages(ino: ino, passed) }
-            case .bytes(let bytes):
+            case .memory(let pinned, let passed):
+                _ = withExtendedLifetime(pinned) {
+                    fuse_reply_buf(req, pinned.base.assumingMemoryBound(to: CChar.self), pinned.count)
+                }
+                if let passed { ctx.session?.dropCachedPages(ino: ino, passed) }
+            case .bytes(let bytes, let passed):
                 _ = bytes.withUnsafeBytes { fuse_reply_buf(req, $0.baseAddress?.assumingMemoryBound(to: CChar.self), $0.count) }
+                if let passed { ctx.session?.dropCachedPages(ino: ino, passed) }
             }
         }
     }

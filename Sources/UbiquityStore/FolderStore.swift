@@ -422,6 +422,28 @@ public final class FolderStore: Store {
     /// (`POSIX_FADV_WILLNEED`). DESIGN.md has the measurements, and what
     /// was tried instead.
     public func copyBlob(_ hash: String, size: Int, into fd: Int32, at offset: UInt64) throws {
+        try ChunkBuffer.with { buffer in
+            try readVerified(hash, size: size, through: buffer) { piece, at in
+                try ContentCopy.write(piece, to: fd, at: offset + UInt64(at))
+            }
+        }
+    }
+
+    /// A blob that fits a `ChunkBuffer` read into one (one window), verified.
+    public func readBlob(_ hash: String, size: Int, into buffer: UnsafeMutableRawPointer) throws {
+        guard size <= ChunkBuffer.size else { throw UbiquityError(EINVAL, "blob \(hash) does not fit a chunk buffer") }
+        try readVerified(hash, size: size, through: buffer) { _, _ in }
+    }
+
+    /// Folder stores are local disks or mounts: fetching a chunk again costs
+    /// less than writing it while a reader streams (`SyncEngine`'s streams).
+    public var cheapToFetchAgain: Bool { true }
+
+    /// Read blob `hash` through `buffer` a window at a time, hashing each
+    /// 256 KiB piece and then handing it to `piece` (with its offset in the
+    /// blob); throws, after the last piece, if the blob is not `hash`.
+    private func readVerified(_ hash: String, size: Int, through buffer: UnsafeMutableRawPointer,
+                              piece body: (UnsafeRawBufferPointer, Int) throws -> Void) throws {
         try checkReachableForBlobs()
         let source = try openBlob(hash)
         defer { close(source) }
@@ -431,26 +453,24 @@ public final class FolderStore: Store {
         var direct: Int32?      // opened when the page cache lacks something
         defer { if let direct, direct >= 0 { close(direct) } }
         var hasher = ContentHasher()
-        try ChunkBuffer.with { buffer in
-            var window = 0
-            while window < size {
-                let count = min(ChunkBuffer.size, size - window)
-                // A window the page cache holds whole (a blob another device on
-                // this machine just wrote) is read from there.
-                let pages = (count + ChunkBuffer.alignment - 1) / ChunkBuffer.alignment
-                if direct == nil && ubq_cached_pages(source, UInt(window), UInt(count)) < pages {
-                    direct = open(blobPath(hash), O_RDONLY | O_CLOEXEC | ubq_o_direct())
-                }
-                try readBlob(hash, direct ?? -1, source, into: buffer, from: window, upTo: window + count)
-                var at = 0
-                while at < count {
-                    let piece = UnsafeRawBufferPointer(start: buffer + at, count: min(256 << 10, count - at))
-                    hasher.update(piece)
-                    try ContentCopy.write(piece, to: fd, at: offset + UInt64(window + at))
-                    at += piece.count
-                }
-                window += count
+        var window = 0
+        while window < size {
+            let count = min(ChunkBuffer.size, size - window)
+            // A window the page cache holds whole (a blob another device on
+            // this machine just wrote) is read from there.
+            let pages = (count + ChunkBuffer.alignment - 1) / ChunkBuffer.alignment
+            if direct == nil && ubq_cached_pages(source, UInt(window), UInt(count)) < pages {
+                direct = open(blobPath(hash), O_RDONLY | O_CLOEXEC | ubq_o_direct())
             }
+            try readBlob(hash, direct ?? -1, source, into: buffer, from: window, upTo: window + count)
+            var at = 0
+            while at < count {
+                let piece = UnsafeRawBufferPointer(start: buffer + at, count: min(256 << 10, count - at))
+                hasher.update(piece)
+                try body(piece, window + at)
+                at += piece.count
+            }
+            window += count
         }
         guard hasher.finish() == hash else {
             throw UbiquityError(EIO, "blob \(hash) in the store is damaged (its content does not match its name)")
@@ -550,28 +570,39 @@ public final class FolderStore: Store {
 /// The 4 MiB buffers `copyBlob` reads blobs into, kept between chunks (a
 /// new one's pages cost the kernel a fault and a zeroing each: more than
 /// the copy they save) and freed by `trim` when downloads are over: at
-/// most one per download worker. Aligned to, and asked to be made of, 2 MiB
-/// huge pages: an `O_DIRECT` request takes at most `max_segments` separate
-/// pieces of memory (254 on a virtio disk), so into 4 KiB pages a 4 MiB read
-/// would reach the disk as four requests; into two huge pages it is one.
+/// most one per download worker, plus the chunks a download holds for
+/// streaming readers (`take`/`give`). Aligned to, and asked to be made of,
+/// 2 MiB huge pages: an `O_DIRECT` request takes at most `max_segments`
+/// separate pieces of memory (254 on a virtio disk), so into 4 KiB pages a
+/// 4 MiB read would reach the disk as four requests; into two huge pages it
+/// is one.
 public enum ChunkBuffer {
-    static let size = 4 << 20
+    public static let size = 4 << 20
     static let alignment = 4096
     static let hugePage = 2 << 20
     private static let idle = Mutex<[UInt]>([])   // addresses: pointers are not Sendable
 
     static func with<T>(_ body: (UnsafeMutableRawPointer) throws -> T) throws -> T {
-        var buffer = idle.withLock { $0.popLast() }.flatMap { UnsafeMutableRawPointer(bitPattern: $0) }
-        if buffer == nil {
-            var allocated: UnsafeMutableRawPointer?
-            guard posix_memalign(&allocated, hugePage, size) == 0, let allocated else {
-                throw UbiquityError(ENOMEM, "no memory for a \(size >> 20) MiB read buffer")
-            }
-            _ = madvise(allocated, size, MADV_HUGEPAGE)
-            buffer = allocated
+        let buffer = try take()
+        defer { give(buffer) }
+        return try body(buffer)
+    }
+
+    /// A buffer for the caller alone until it `give`s it back.
+    public static func take() throws -> UnsafeMutableRawPointer {
+        if let kept = idle.withLock({ $0.popLast() }).flatMap({ UnsafeMutableRawPointer(bitPattern: $0) }) {
+            return kept
         }
-        defer { idle.withLock { $0.append(UInt(bitPattern: buffer!)) } }
-        return try body(buffer!)
+        var allocated: UnsafeMutableRawPointer?
+        guard posix_memalign(&allocated, hugePage, size) == 0, let allocated else {
+            throw UbiquityError(ENOMEM, "no memory for a \(size >> 20) MiB read buffer")
+        }
+        _ = madvise(allocated, size, MADV_HUGEPAGE)
+        return allocated
+    }
+
+    public static func give(_ buffer: UnsafeMutableRawPointer) {
+        idle.withLock { $0.append(UInt(bitPattern: buffer)) }
     }
 
     /// Free every buffer not in use.
@@ -580,4 +611,23 @@ public enum ChunkBuffer {
             free(UnsafeMutableRawPointer(bitPattern: address))
         }
     }
+}
+
+/// Bytes `offset ..< offset + count` of a file, served to a reader from
+/// memory (a chunk a download holds): the memory stays valid until this is
+/// released (`deinit` calls `unpin`).
+public final class PinnedBytes: @unchecked Sendable {
+    public let offset: UInt64
+    public let base: UnsafeRawPointer
+    public let count: Int
+    private let unpin: @Sendable () -> Void
+
+    public init(offset: UInt64, base: UnsafeRawPointer, count: Int, unpin: @escaping @Sendable () -> Void) {
+        self.offset = offset
+        self.base = base
+        self.count = count
+        self.unpin = unpin
+    }
+
+    deinit { unpin() }
 }

@@ -88,6 +88,16 @@ public protocol Store: Sendable {
     /// Default: `fetchBlob` and `pwrite`. The folder store reads the blob
     /// into a kept buffer (`O_DIRECT`) and hashes and writes it from there.
     func copyBlob(_ hash: String, size: Int, into fd: Int32, at offset: UInt64) throws
+    /// Read blob `hash`, which must be `size` bytes (at most
+    /// `ChunkBuffer.size`), into `buffer`, verified. Default: `fetchBlob`
+    /// and a copy.
+    func readBlob(_ hash: String, size: Int, into buffer: UnsafeMutableRawPointer) throws
+    /// Whether fetching a chunk a second time costs less than writing it to
+    /// the cache while a reader streams it: then a streamed download holds
+    /// the chunks in memory for the reader and fetches them again for the
+    /// cache after the stream (`DownloadBoard`). Default: false (a store
+    /// across a network: every fetch is a round trip and a bill).
+    var cheapToFetchAgain: Bool { get }
 
     /// Whether blob `hash` of `size` bytes must be uploaded: false when the
     /// store certainly holds it. A store may answer true without asking when
@@ -121,6 +131,14 @@ extension Store {
         guard data.count == size else { throw UbiquityError(EIO, "blob \(hash) has the wrong size") }
         try ContentCopy.write(data, to: fd, at: offset)
     }
+
+    public func readBlob(_ hash: String, size: Int, into buffer: UnsafeMutableRawPointer) throws {
+        let data = try fetchBlob(hash)
+        guard data.count == size, size <= ChunkBuffer.size else { throw UbiquityError(EIO, "blob \(hash) has the wrong size") }
+        data.withUnsafeBytes { if let bytes = $0.baseAddress { buffer.copyMemory(from: bytes, byteCount: size) } }
+    }
+
+    public var cheapToFetchAgain: Bool { false }
 
     /// Default: the whole blob, verified, then the range (a store that can
     /// read a range alone does: a pread, an HTTP `Range` GET).

@@ -20,6 +20,20 @@ import Glibc
 /// When every chunk is in, the file is renamed over the cache path (readers
 /// keep their descriptor: same inode).
 ///
+/// A stream (a placeholder open for reading, `beginStream`) on a store
+/// that is cheap to fetch from again (`Store.cheapToFetchAgain`: a folder)
+/// is served from memory instead: its chunks are fetched into buffers and
+/// *held* there, verified, at most `heldPerDownload` ahead of the reader
+/// (and `heldInAll` for every download); a chunk the readers were served
+/// whole is let go (*passed*). Writing each chunk into the cache file while
+/// the reader streams would cost a copy into as many new pages as the file
+/// has bytes, on the CPUs the reader needs (DESIGN.md, "Streamed
+/// placeholders", has the figures). Once the last stream closes, or it
+/// stops reading for `idleStream` seconds, or someone waits for the whole
+/// file (`waitForContent`: a writer, `ubiquityfs download`), the held
+/// chunks are written and the passed ones fetched again, in the background,
+/// so the file still ends up downloaded, as an open promises.
+///
 /// Which chunks are verified is known only in memory. An interrupted
 /// download resumes from the bytes in the partial file: every chunk the
 /// file covers is read back and checked against its hash before it counts
@@ -74,6 +88,16 @@ final class DownloadBoard: @unchecked Sendable {
         var waitingRanges: [(from: UInt64, upTo: UInt64)] = []
         /// The sequential read-ahead goes on from here.
         var cursor = 0
+        /// Chunks held in memory for streaming readers (state `.held`).
+        var held: [Int: HeldChunk] = [:]
+        /// Chunks let go of since the last time nothing was held for readers (state `.passed`).
+        var passed = 0
+        /// Someone waits for the whole file in the cache: nothing more is held.
+        var keep = false
+        /// Evicted while a reader streams it: stopped when the last stream closes.
+        var evicted = false
+        /// When a streaming reader was last served from memory.
+        var lastServed = Date()
 
         /// Put the missing chunks of a short range (a `read`) first in the
         /// queue, and the read-ahead after them.
@@ -81,27 +105,57 @@ final class DownloadBoard: @unchecked Sendable {
             guard let chunks, !chunks.isEmpty, upTo > from else { return }
             let first = Int(from / chunkSize), last = min(chunks.count - 1, Int((upTo - 1) / chunkSize))
             guard first <= last, last - first < 2 else { return }
-            let wanted = (first...last).filter { state[$0] == .missing && !urgent.contains($0) }
+            let wanted = (first...last).filter { (state[$0] == .missing || state[$0] == .passed) && !urgent.contains($0) }
             guard !wanted.isEmpty else { return }
             urgent += wanted
             cursor = last + 1
         }
 
-        func isVerified(from: UInt64, upTo: UInt64) -> Bool {
+        /// Whether bytes `from..<upTo` are verified in the cache file (or,
+        /// `inMemory`, held).
+        func isReady(from: UInt64, upTo: UInt64, inMemory: Bool) -> Bool {
             if done { return true }
             guard chunks != nil, upTo > from else { return upTo <= from }
             let first = Int(from / chunkSize), last = Int((upTo - 1) / chunkSize)
             guard last < state.count else { return false }
-            return (first...last).allSatisfy { state[$0] == .verified }
+            return (first...last).allSatisfy { state[$0] == .verified || (inMemory && state[$0] == .held) }
         }
     }
 
-    enum ChunkState: UInt8 { case missing, fetching, verified }
+    /// `held`: verified, in memory only; `passed`: was held and let go of,
+    /// fetched again once no stream holds chunks.
+    enum ChunkState: UInt8 { case missing, fetching, held, passed, verified }
+
+    /// A chunk held in memory (guarded by the pool's condition). Its buffer
+    /// goes back once the download let go of it and no reader is served
+    /// from it.
+    final class HeldChunk: @unchecked Sendable {
+        let buffer: UnsafeMutableRawPointer
+        let count: Int
+        /// Readers being served from it now.
+        var pins = 0
+        /// Bytes served to readers so far.
+        var served = 0
+        var letGo = false
+
+        init(buffer: UnsafeMutableRawPointer, count: Int) {
+            self.buffer = buffer
+            self.count = count
+        }
+
+        /// The download is done with it (the caller holds the condition).
+        func release() {
+            letGo = true
+            if pins == 0 { ChunkBuffer.give(buffer) }
+        }
+    }
 
     /// Guards `jobs`; readers wait on it for progress (the pool's one condition).
     var condition: NSCondition { DownloadPool.shared.condition }
     /// One job per version of a file: a reader waits for the version it opened.
     var jobs: [JobKey: Job] = [:]
+    /// Streaming readers open, per version (`beginStream`).
+    var streams: [JobKey: Int] = [:]
 
     struct JobKey: Hashable {
         var ino: UInt64
@@ -122,8 +176,12 @@ final class DownloadPool: @unchecked Sendable {
     static let limit = 8
     /// Background downloads worked on at once.
     static let backgroundAtOnce = 2
+    /// Chunks one download holds for its streaming readers, and all of them
+    /// together (4 MiB each): the read-ahead of a stream waits beyond these.
+    static let heldPerDownload = 6
+    static let heldInAll = 16
 
-    enum Unit { case manifest, chunk(Int), install }
+    enum Unit { case manifest, chunk(Int), store(Int, DownloadBoard.HeldChunk), install }
 
     struct Entry {
         let engine: SyncEngine
@@ -141,6 +199,8 @@ final class DownloadPool: @unchecked Sendable {
     var lastProgress = Date()
     /// Units writing to each partial file (an install waits for stragglers of a failed job).
     var writers: [String: Int] = [:]
+    /// Chunks held by every download.
+    var heldChunks = 0
 
     /// Add a download (the caller holds `condition`).
     func enqueue(_ entry: Entry) {
@@ -170,7 +230,12 @@ final class DownloadPool: @unchecked Sendable {
             idle += 1
             // The last worker to go idle with nothing queued lets go of the read buffers.
             if idle == threads && active.isEmpty { ChunkBuffer.trim() }
-            condition.wait()
+            // A stream that stops reading lets its download go on (`idleStream`): look again.
+            if active.contains(where: { !$0.engine.downloads.streams.isEmpty }) {
+                _ = condition.wait(until: Date().addingTimeInterval(1))
+            } else {
+                condition.wait()
+            }
             idle -= 1
         }
     }
@@ -181,10 +246,26 @@ final class DownloadPool: @unchecked Sendable {
             guard let job = entry.engine.downloads.jobs[entry.key] else { return true }
             return job.id != entry.id || job.done || job.error != nil
         }
-        // 1. What readers wait for; finished downloads to install.
+        // 1. What readers wait for; finished downloads to install; held
+        // chunks no stream needs any more, to write.
+        let now = Date()
         for entry in active {
             let board = entry.engine.downloads
             guard var job = board.jobs[entry.key] else { continue }
+            if !job.held.isEmpty || job.passed > 0, !entry.engine.holdsChunks(entry.key, job, now: now) {
+                for index in 0..<job.state.count where job.state[index] == .passed { job.state[index] = .missing }
+                job.passed = 0
+                if let (index, chunk) = job.held.first(where: { $0.value.pins == 0 }) {
+                    job.held[index] = nil
+                    heldChunks -= 1
+                    job.state[index] = .fetching
+                    job.inFlight += 1
+                    writers[job.partial, default: 0] += 1
+                    board.jobs[entry.key] = job
+                    return (entry, .store(index, chunk), job)
+                }
+                board.jobs[entry.key] = job
+            }
             if job.chunks != nil && job.remaining == 0 {
                 guard !job.installing && job.inFlight == 0 else { continue }
                 job.installing = true
@@ -198,7 +279,8 @@ final class DownloadPool: @unchecked Sendable {
             }
             while let index = job.urgent.first {
                 job.urgent.removeFirst()
-                if job.state[index] == .missing {
+                if job.state[index] == .missing || job.state[index] == .passed {
+                    if job.state[index] == .passed { job.passed -= 1 }
                     return (entry, .chunk(index), take(index, of: &job, entry))
                 }
             }
@@ -225,9 +307,13 @@ final class DownloadPool: @unchecked Sendable {
                     return (entry, .manifest, job)
                 }
                 guard job.inFlight < max(1, entry.engine.store.downloadConcurrency) else { continue }
+                // A stream's read-ahead: only after the reader, and only so far.
+                let holding = entry.engine.holdsChunks(entry.key, job, now: now)
+                if holding && (job.held.count + job.inFlight >= Self.heldPerDownload || heldChunks >= Self.heldInAll) { continue }
                 let count = chunks.count
                 for step in 0..<count {
                     let index = (job.cursor + step) % count
+                    if holding && index < job.cursor { break }
                     if job.state[index] == .missing {
                         job.cursor = index + 1
                         return (entry, .chunk(index), take(index, of: &job, entry))
@@ -250,14 +336,92 @@ final class DownloadPool: @unchecked Sendable {
 extension SyncEngine {
     /// Seconds a reader waits for a download that makes no progress.
     public static let stallTimeout: Double = 30
+    /// Seconds a stream may go without reading before its download writes
+    /// what it holds and goes on without it.
+    static let idleStream: Double = 2
+
+    /// Whether download `key` holds the chunks it fetches for its streaming
+    /// readers instead of writing them (the caller holds the pool's condition).
+    func holdsChunks(_ key: DownloadBoard.JobKey, _ job: DownloadBoard.Job, now: Date) -> Bool {
+        store.cheapToFetchAgain && job.chunked && job.chunkSize <= UInt64(ChunkBuffer.size) && !job.keep
+            && downloads.streams[key, default: 0] > 0 && now.timeIntervalSince(job.lastServed) < Self.idleStream
+    }
+
+    /// A reader opened placeholder `ino` (version `version`) to stream it.
+    public func beginStream(ino: UInt64, version: String?) {
+        let key = DownloadBoard.JobKey(ino: ino, hash: version)
+        downloads.withJobs { jobs in
+            downloads.streams[key, default: 0] += 1
+            jobs[key]?.lastServed = Date()
+        }
+    }
+
+    /// A streaming reader closed. With none left, the download writes what
+    /// it held and fetches again what it let go of, in the background; or
+    /// stops, if the file was evicted meanwhile or this version is no longer
+    /// the file's.
+    public func endStream(ino: UInt64, version: String?) {
+        let key = DownloadBoard.JobKey(ino: ino, hash: version)
+        let stopped = downloads.withJobs { jobs -> String? in
+            defer { DownloadPool.shared.condition.broadcast() }
+            let left = downloads.streams[key, default: 1] - 1
+            downloads.streams[key] = left > 0 ? left : nil
+            guard left <= 0, var job = jobs[key], !job.done, job.error == nil, !job.keep else { return nil }
+            let current = replica.withNamespace { ns in ns.node(ino).map { $0.isPlaceholder && $0.hash == version } ?? false }
+            if job.evicted || !current { return stop(key, in: &jobs) }
+            job.background = true
+            jobs[key] = job
+            return nil
+        }
+        if let stopped { unlink(stopped) }
+    }
+
+    /// Stop the download of placeholder `ino` (an eviction: the device is
+    /// not to keep it) unless someone waits for the whole file; while a
+    /// reader streams it, once the last stream closes. Only a download that
+    /// goes on in the background stops at once (one a reader has started is
+    /// counted as its stream from the start). Its partial file goes.
+    func stopDownloads(ino: UInt64) {
+        let partials = downloads.withJobs { jobs -> [String] in
+            defer { DownloadPool.shared.condition.broadcast() }
+            var partials: [String] = []
+            for (key, job) in jobs where key.ino == ino && !job.done && job.error == nil && !job.keep {
+                if downloads.streams[key] != nil {
+                    jobs[key]?.evicted = true
+                } else if job.background {
+                    partials.append(stop(key, in: &jobs))
+                }
+            }
+            return partials
+        }
+        for partial in partials { unlink(partial) }
+    }
+
+    /// Forget download `key`; the path of its partial file, to unlink (the
+    /// caller holds the pool's condition). A unit under way finds no job to
+    /// report to, and writes into the unlinked file: units open it without
+    /// `O_CREAT`.
+    private func stop(_ key: DownloadBoard.JobKey, in jobs: inout [DownloadBoard.JobKey: DownloadBoard.Job]) -> String {
+        releaseHeld(&jobs[key]!)
+        defer { jobs[key] = nil }
+        return jobs[key]!.partial
+    }
+
+    /// Let go of every chunk `job` holds (the caller holds the pool's condition).
+    func releaseHeld(_ job: inout DownloadBoard.Job) {
+        for chunk in job.held.values { chunk.release() }
+        DownloadPool.shared.heldChunks -= job.held.count
+        job.held = [:]
+    }
 
     /// Start downloading the content of placeholder `ino` (if not already
     /// under way) and return the path of the file that receives it, for
     /// readers to open. `background` downloads (pins, refreshes) come after
     /// those a reader or a `download` waits for; a foreground start makes a
-    /// queued background download foreground.
+    /// queued background download foreground. `keep`: the caller will wait
+    /// for the whole file (`waitForContent`), which an eviction does not stop.
     @discardableResult
-    public func startDownload(ino: UInt64, background: Bool = false) -> String {
+    public func startDownload(ino: UInt64, background: Bool = false, keep: Bool = false) -> String {
         guard let node = replica.withNamespace({ ns in ns.node(ino) }) else { return replica.cachePath(ino) }
         // One partial file per version: a download of an older version that is
         // still finishing never writes into (or removes) the newer one's.
@@ -269,8 +433,9 @@ extension SyncEngine {
         let stale = Date().addingTimeInterval(-600)
         downloads.jobs = downloads.jobs.filter { !$0.value.done || $0.value.lastProgress > stale }
         if var job = downloads.jobs[key], job.error == nil, !job.done {
-            if !background && job.background {
-                job.background = false
+            if (!background && job.background) || (keep && !job.keep) {
+                job.background = job.background && background
+                job.keep = job.keep || keep
                 downloads.jobs[key] = job
                 pool.wake()
             }
@@ -290,6 +455,7 @@ extension SyncEngine {
         var job = DownloadBoard.Job(hash: node.hash, total: node.hashSize)
         job.ino = ino
         job.background = background
+        job.keep = keep
         job.partial = partial
         job.present = present
         job.chunked = node.chunked && node.hash != nil
@@ -302,8 +468,14 @@ extension SyncEngine {
         }
         pool.condition.lock()
         defer { pool.condition.unlock() }
-        if let other = downloads.jobs[key], other.error == nil, !other.done {
-            return partial   // started by another open meanwhile
+        if var other = downloads.jobs[key], other.error == nil, !other.done {
+            // Started by another open meanwhile.
+            if keep && !other.keep {
+                other.keep = true
+                downloads.jobs[key] = other
+                pool.wake()
+            }
+            return partial
         }
         job.id = pool.nextID
         pool.nextID += 1
@@ -313,9 +485,21 @@ extension SyncEngine {
     }
 
     /// Wait until bytes `from..<upTo` of version `version` of `ino` are
-    /// verified (or that download finished). A short range (a `read`) that
-    /// needs chunks nobody fetches yet puts them first in the queue.
+    /// verified in the cache file (or that download finished): the file is
+    /// to be kept, so its download holds nothing more in memory.
     public func waitForContent(ino: UInt64, version: String?, from: UInt64 = 0, upTo: UInt64) throws {
+        _ = try waitFor(ino: ino, version: version, from: from, upTo: upTo, toRead: false)
+    }
+
+    /// Wait until a streaming reader can read bytes `from..<upTo` of
+    /// version `version` of `ino`: the parts held in memory are returned,
+    /// pinned (in order; nothing returned means all in the cache file). The
+    /// chunks of the range nobody fetches yet are put first in the queue.
+    public func waitToRead(ino: UInt64, version: String?, from: UInt64, upTo: UInt64) throws -> [PinnedBytes] {
+        try waitFor(ino: ino, version: version, from: from, upTo: upTo, toRead: true)
+    }
+
+    private func waitFor(ino: UInt64, version: String?, from: UInt64, upTo: UInt64, toRead: Bool) throws -> [PinnedBytes] {
         let pool = DownloadPool.shared
         let key = DownloadBoard.JobKey(ino: ino, hash: version)
         pool.condition.lock()
@@ -325,13 +509,18 @@ extension SyncEngine {
             guard var job = downloads.jobs[key] else {
                 // No download: either it finished (content local) or never started.
                 let local = replica.withNamespace { ns in ns.node(ino).map { !$0.isPlaceholder } ?? false }
-                if local { return }
+                if local { return [] }
                 throw UbiquityError(EIO, "the content of inode \(ino) is not downloaded")
             }
             if let error = job.error { throw error }
-            if job.isVerified(from: from, upTo: upTo) { return }
+            if job.isReady(from: from, upTo: upTo, inMemory: toRead) {
+                guard toRead else { return [] }
+                downloads.jobs[key]?.lastServed = Date()
+                return pinHeld(key, job, from: from, upTo: upTo)
+            }
             if !asked {
                 asked = true
+                if !toRead { job.keep = true }
                 if job.chunks != nil {
                     job.ask(from: from, upTo: upTo)
                 } else {
@@ -350,12 +539,55 @@ extension SyncEngine {
         }
     }
 
+    /// Pin the held chunks of bytes `from..<upTo`, which are ready (the
+    /// caller holds the pool's condition).
+    private func pinHeld(_ key: DownloadBoard.JobKey, _ job: DownloadBoard.Job, from: UInt64, upTo: UInt64) -> [PinnedBytes] {
+        guard !job.done, !job.held.isEmpty, upTo > from else { return [] }
+        var pinned: [PinnedBytes] = []
+        let size = job.chunkSize
+        for index in Int(from / size)...Int((upTo - 1) / size) {
+            guard let chunk = job.held[index] else { continue }
+            let start = UInt64(index) * size
+            let lower = max(from, start), upper = min(upTo, start + UInt64(chunk.count))
+            guard upper > lower else { continue }
+            chunk.pins += 1
+            let count = Int(upper - lower), id = job.id
+            pinned.append(PinnedBytes(offset: lower, base: UnsafeRawPointer(chunk.buffer + Int(lower - start)), count: count) { [self] in
+                servedFromMemory(key, id: id, index: index, chunk, count: count)
+            })
+        }
+        return pinned
+    }
+
+    /// A reader was served `count` bytes of held chunk `index`. Once every
+    /// byte of it was served, the chunk is let go of (`passed`).
+    private func servedFromMemory(_ key: DownloadBoard.JobKey, id: UInt64, index: Int, _ chunk: DownloadBoard.HeldChunk, count: Int) {
+        let pool = DownloadPool.shared
+        pool.condition.lock()
+        defer { pool.condition.unlock() }
+        chunk.pins -= 1
+        chunk.served += count
+        if chunk.letGo {
+            if chunk.pins == 0 { ChunkBuffer.give(chunk.buffer) }
+            return
+        }
+        guard chunk.pins == 0, chunk.served >= chunk.count, var job = downloads.jobs[key], job.id == id,
+              job.held[index] === chunk, holdsChunks(key, job, now: Date()) else { return }
+        job.held[index] = nil
+        job.state[index] = .passed
+        job.passed += 1
+        pool.heldChunks -= 1
+        chunk.release()
+        downloads.jobs[key] = job
+        pool.wake()   // the read-ahead may go on
+    }
+
     /// Download all of `ino` and wait until the download is over (before
     /// writing to a placeholder). The content may be a placeholder again by
     /// then (a newer version arrived): the caller looks again.
     public func download(ino: UInt64) throws {
         guard let node = replica.withNamespace({ ns in ns.node(ino) }), node.isPlaceholder else { return }
-        startDownload(ino: ino)
+        startDownload(ino: ino, keep: true)
         try waitForContent(ino: ino, version: node.hash, upTo: node.hashSize)
         // Every byte is verified; the job is done once the file is installed (or dropped, for a newer version).
         let key = DownloadBoard.JobKey(ino: ino, hash: node.hash)
@@ -389,7 +621,7 @@ extension SyncEngine {
         let pool = DownloadPool.shared
         pool.condition.lock()
         if let error {
-            _ = jobsUpdate(key, id: id) { $0.error = error }
+            _ = jobsUpdate(key, id: id) { $0.error = error; releaseHeld(&$0) }
         } else {
             // Kept (done) for a while: a reader of this version may still be
             // waiting for it even if a newer version replaced it meanwhile.
@@ -432,7 +664,51 @@ extension SyncEngine {
             case .chunk(let index):
                 let offset = UInt64(index) * job.chunkSize
                 let count = Int(min(job.chunkSize, job.total - offset))
-                let result = Result { try fetchChunk(job, index: index, offset: offset, count: count) }
+                let result = Result { try fetchChunk(job, key: key, index: index, offset: offset, count: count) }
+                pool.condition.lock()
+                pool.writers[job.partial, default: 1] -= 1
+                if pool.writers[job.partial] == 0 { pool.writers[job.partial] = nil }
+                let recorded = jobsUpdate(key, id: job.id) { j in
+                    j.inFlight -= 1
+                    switch result {
+                    case .success(let held?):
+                        j.state[index] = .held
+                        j.held[index] = held
+                        pool.heldChunks += 1
+                        j.lastProgress = Date()
+                        // Too many held (a reader jumped: urgent chunks came on top of
+                        // the read-ahead): let go of the furthest one no reader is being
+                        // served from (not the next one of a reader going forward).
+                        if j.held.count > DownloadPool.heldPerDownload,
+                           let last = j.held.filter({ $0.key != index && $0.value.pins == 0 }).keys.max() {
+                            j.held[last]!.release()
+                            j.held[last] = nil
+                            j.state[last] = .passed
+                            j.passed += 1
+                            pool.heldChunks -= 1
+                        }
+                    case .success(nil):
+                        j.state[index] = .verified
+                        j.verified += UInt64(count)
+                        j.remaining -= 1
+                        j.lastProgress = Date()
+                    case .failure:
+                        j.state[index] = .missing
+                    }
+                }
+                if !recorded, case .success(let held?) = result { held.release() }
+                if case .success = result { pool.lastProgress = Date() }
+                pool.wake()
+                pool.condition.unlock()
+                _ = try result.get()
+            case .store(let index, let chunk):
+                // A held chunk no stream needs any more: into the cache file.
+                let result = Result {
+                    let fd = try syscallRetrying("open \(job.partial)") { open(job.partial, O_RDWR | O_CLOEXEC) }
+                    defer { close(fd) }
+                    try ContentCopy.write(UnsafeRawBufferPointer(start: chunk.buffer, count: chunk.count), to: fd,
+                                          at: UInt64(index) * job.chunkSize)
+                }
                 pool.condition.lock()
                 pool.writers[job.partial, default: 1] -= 1
                 if pool.writers[job.partial] == 0 { pool.writers[job.partial] = nil }
@@ -440,17 +716,18 @@ extension SyncEngine {
                     j.inFlight -= 1
                     if case .success = result {
                         j.state[index] = .verified
-                        j.verified += UInt64(count)
+                        j.verified += UInt64(chunk.count)
                         j.remaining -= 1
                         j.lastProgress = Date()
                     } else {
                         j.state[index] = .missing
                     }
                 }
+                chunk.release()
                 if case .success = result { pool.lastProgress = Date() }
                 pool.wake()
                 pool.condition.unlock()
-                _ = try result.get()
+                try result.get()
             case .install:
                 try install(job, key: key)
             }
@@ -460,30 +737,53 @@ extension SyncEngine {
         }
     }
 
-    /// Make chunk `index` of `job` verified in the partial file: already
-    /// there and intact (a resumed download), or fetched (and so verified by
-    /// the store) and written.
-    func fetchChunk(_ job: DownloadBoard.Job, index: Int, offset: UInt64, count: Int) throws {
+    /// Make chunk `index` of `job` verified: already in the partial file and
+    /// intact (a resumed download), or fetched (and so verified by the
+    /// store) and written there, or — while the download holds chunks for
+    /// a stream — fetched into a buffer and returned, held.
+    func fetchChunk(_ job: DownloadBoard.Job, key: DownloadBoard.JobKey, index: Int, offset: UInt64, count: Int) throws -> DownloadBoard.HeldChunk? {
         let hash = job.chunks![index]
         let partial = job.partial
-        let fd = try syscallRetrying("open \(partial)") { open(partial, O_RDWR | O_CREAT | O_CLOEXEC, 0o600) }
+        // Not created again if gone: an evicted download's (its readers are gone too).
+        let fd = try syscallRetrying("open \(partial)") { open(partial, O_RDWR | O_CLOEXEC) }
         defer { close(fd) }
         if offset + UInt64(count) <= job.present, count > 0 {
             // Resumed: a hole (never written) is fetched without reading it.
             let data = lseek(fd, off_t(offset), 3)   // SEEK_DATA
             if data >= 0 && UInt64(data) < offset + UInt64(count),
                let existing = Self.read(fd, offset: offset, count: count), ContentCopy.hash(of: existing) == hash {
-                return
+                return nil
             }
+        }
+        let pool = DownloadPool.shared
+        func holding() -> Bool {
+            pool.condition.lock()
+            defer { pool.condition.unlock() }
+            return downloads.jobs[key].map { holdsChunks(key, $0, now: Date()) } ?? false
+        }
+        if job.chunked && holding() {
+            let buffer = try ChunkBuffer.take()
+            do {
+                try store.readBlob(hash, size: count, into: buffer)
+            } catch {
+                ChunkBuffer.give(buffer)
+                throw error
+            }
+            if holding() { return DownloadBoard.HeldChunk(buffer: buffer, count: count) }
+            // The stream closed meanwhile.
+            defer { ChunkBuffer.give(buffer) }
+            try ContentCopy.write(UnsafeRawBufferPointer(start: buffer, count: count), to: fd, at: offset)
+            return nil
         }
         if job.chunked {
             try store.copyBlob(hash, size: count, into: fd, at: offset)
-            return
+            return nil
         }
         // Unchunked content may be packed with other small files (Packs.swift).
         let data = try fetchContent(hash, size: UInt64(count))
         guard data.count == count else { throw UbiquityError(EIO, "blob \(hash) has the wrong size") }
         try ContentCopy.write(data, to: fd, at: offset)
+        return nil
     }
 
     /// Every chunk is verified: put the file in place of the placeholder.

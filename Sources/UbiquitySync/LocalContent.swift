@@ -27,7 +27,9 @@ import Glibc
 /// namespace lock after checking those counts and that the content did not
 /// change since the store was asked.
 extension SyncEngine {
-    /// Make file `ino` a placeholder again. Returns false if it already was one.
+    /// Make file `ino` a placeholder again. Returns false if it already was
+    /// one; its download then stops (`stopDownloads`) unless someone waits
+    /// for the whole file, once no reader streams it.
     /// The content is removed only once the index has recorded the eviction.
     @discardableResult
     public func evict(ino: UInt64) throws -> Bool {
@@ -38,7 +40,10 @@ extension SyncEngine {
             try Self.checkEvictable(node)
             return node
         }
-        guard let candidate else { return false }
+        guard let candidate else {
+            stopDownloads(ino: ino)
+            return false
+        }
         // The last local copy goes only if the store holds this version (no lock held: store calls).
         if case .repaired(let problems) = try checkStoreCopy(of: candidate, verifyLocal: candidate.verifiedHash != candidate.hash) {
             throw UbiquityError(EAGAIN, "the store did not hold this version (\(problems.joined(separator: "; "))); "

@@ -17,7 +17,7 @@ import Glibc
     static let data = Data((0..<(19 * chunk + 12345)).map { UInt8(truncatingIfNeeded: $0 &* 131 &+ $0 >> 11 &+ ($0 >> 22) &* 77) })
 
     /// A writes `Self.data` as "big"; B (on `storeForB`) pulls it as a placeholder.
-    func placeholderOnB(_ store: InMemoryStore, _ storeForB: any Store) throws -> (TestDevice, TestDevice, UInt64) {
+    func placeholderOnB(_ store: any Store, _ storeForB: any Store) throws -> (TestDevice, TestDevice, UInt64) {
         let a = try TestDevice(store: store, name: "a")
         let handle = try a.fs.create(parent: Namespace.rootIno, name: "big", mode: 0o644, flags: O_WRONLY, caller: .root).1.handle
         let written = try Self.data.withUnsafeBytes { raw in
@@ -35,12 +35,7 @@ import Glibc
     }
 
     func read(_ device: TestDevice, _ handle: UInt64, at offset: Int, count: Int) throws -> Data {
-        guard case .fileRange(let fd, let at, let size, _) = try device.fs.read(handle: handle, offset: Int64(offset), size: count) else {
-            return Data()
-        }
-        var buffer = [UInt8](repeating: 0, count: size)
-        let n = pread(fd, &buffer, size, off_t(at))
-        return Data(buffer[0..<max(0, n)])
+        TestDevice.bytes(of: try device.fs.read(handle: handle, offset: Int64(offset), size: count))
     }
 
     @Test func aReadAtTheEndIsServedBeforeTheRest() throws {
@@ -70,10 +65,9 @@ import Glibc
 
     /// What a read says the kernel may drop (`ReadReply`'s `passed`).
     func passed(_ device: TestDevice, _ handle: UInt64, at offset: Int, count: Int) throws -> Range<Int64>? {
-        guard case .fileRange(_, _, _, let passed) = try device.fs.read(handle: handle, offset: Int64(offset), size: count) else {
-            return nil
+        switch try device.fs.read(handle: handle, offset: Int64(offset), size: count) {
+        case .fileRange(_, _, _, let passed), .memory(_, let passed), .bytes(_, let passed): return passed
         }
-        return passed
     }
 
     /// A reader streaming a placeholder lets the kernel drop the pages it
@@ -146,5 +140,141 @@ import Glibc
         let handle = try b.fs.open(ino: ino, flags: O_RDONLY).handle
         defer { try? b.fs.release(handle: handle) }
         #expect(try read(b, handle, at: 0, count: Self.data.count) == Self.data)
+    }
+
+    /// A folder store, cheap to fetch from again, shared by A and B.
+    func folderStore() throws -> (FolderStore, URL) {
+        let root = FileManager.default.temporaryDirectory.appendingPathComponent("ubq-folder-\(UUID().uuidString)")
+        return (try FolderStore(root: root, create: true, initializeEmpty: true), root)
+    }
+
+    /// Bytes of `path` the filesystem has allocated (0 for none, or no file).
+    func allocated(_ path: String) -> Int {
+        var st = stat()
+        return stat(path, &st) == 0 ? Int(st.st_blocks) * 512 : 0
+    }
+
+    /// Wait (up to 30 s) until `ino` on `device` is downloaded.
+    func waitDownloaded(_ device: TestDevice, _ ino: UInt64) -> Bool {
+        for _ in 0..<3000 {
+            if device.replica.withNamespace({ !$0.node(ino)!.isPlaceholder }) { return true }
+            usleep(10_000)
+        }
+        return false
+    }
+
+    /// On a folder store, a reader streaming a placeholder is served from
+    /// chunks the download holds in memory, verified: nothing is written to
+    /// the cache while it reads, reads across chunks and jumps back get the
+    /// right bytes, and once it closes the file is downloaded in the
+    /// background.
+    @Test func aStreamIsServedFromMemoryAndTheFileDownloadedAfterIt() throws {
+        let (store, root) = try folderStore()
+        defer { try? FileManager.default.removeItem(at: root) }
+        let (a, b, ino) = try placeholderOnB(store, store)
+        defer { a.cleanUp(); b.cleanUp() }
+        let node = b.replica.withNamespace { $0.node(ino)! }
+        let partial = b.replica.cachePath(ino) + "." + String(node.hash!.prefix(16)) + ".part"
+        let handle = try b.fs.open(ino: ino, flags: O_RDONLY).handle
+        var fromMemory = 0, reads = 0, mostWritten = 0
+        var got = Data()
+        let piece = 128 << 10
+        for offset in stride(from: 0, to: Self.data.count, by: piece) {
+            let reply = try b.fs.read(handle: handle, offset: Int64(offset), size: piece)
+            if case .memory = reply { fromMemory += 1 }
+            reads += 1
+            got.append(TestDevice.bytes(of: reply))
+            mostWritten = max(mostWritten, allocated(partial))
+        }
+        #expect(got == Self.data)
+        #expect(fromMemory == reads, "\(reads - fromMemory) of \(reads) reads not served from memory")
+        #expect(mostWritten == 0, "\(mostWritten) bytes written to the cache during the stream")
+        // Across a chunk boundary, and back to chunks let go of (fetched again).
+        let boundary = 7 * Self.chunk - 5000
+        #expect(try read(b, handle, at: boundary, count: 10_000) == Self.data.subdata(in: boundary..<(boundary + 10_000)))
+        #expect(try read(b, handle, at: 123, count: 4096) == Self.data.subdata(in: 123..<(123 + 4096)))
+        #expect(b.replica.withNamespace { $0.node(ino)!.isPlaceholder })
+        try b.fs.release(handle: handle)
+        #expect(waitDownloaded(b, ino), "not downloaded after the stream closed")
+        let local = try b.fs.open(ino: ino, flags: O_RDONLY).handle
+        defer { try? b.fs.release(handle: local) }
+        #expect(try read(b, local, at: 0, count: Self.data.count) == Self.data)
+    }
+
+    /// A stream that stops reading (a paused player) does not keep the
+    /// download waiting: after 2 s it goes on and the file is downloaded,
+    /// the descriptor still open, which then reads the rest from the cache.
+    @Test func aPausedStreamLetsItsDownloadFinish() throws {
+        let (store, root) = try folderStore()
+        defer { try? FileManager.default.removeItem(at: root) }
+        let (a, b, ino) = try placeholderOnB(store, store)
+        defer { a.cleanUp(); b.cleanUp() }
+        let reader = try b.fs.open(ino: ino, flags: O_RDONLY).handle
+        defer { try? b.fs.release(handle: reader) }
+        #expect(try read(b, reader, at: 0, count: 1 << 20) == Self.data.prefix(1 << 20))
+        #expect(waitDownloaded(b, ino), "not downloaded while the stream paused")
+        var rest = Data()
+        for offset in stride(from: 1 << 20, to: Self.data.count, by: 1 << 20) {
+            rest.append(try read(b, reader, at: offset, count: 1 << 20))
+        }
+        #expect(rest == Self.data.suffix(from: 1 << 20))
+    }
+
+    /// A file opened for writing while another reader streams it is
+    /// downloaded whole first: what the stream held is written, what it let
+    /// go of fetched again.
+    @Test func aWriterOfAStreamedPlaceholderGetsAllOfIt() throws {
+        let (store, root) = try folderStore()
+        defer { try? FileManager.default.removeItem(at: root) }
+        let (a, b, ino) = try placeholderOnB(store, store)
+        defer { a.cleanUp(); b.cleanUp() }
+        let reader = try b.fs.open(ino: ino, flags: O_RDONLY).handle
+        defer { try? b.fs.release(handle: reader) }
+        for offset in stride(from: 0, to: 10 * Self.chunk, by: 1 << 20) {
+            #expect(try read(b, reader, at: offset, count: 1 << 20) == Self.data.subdata(in: offset..<(offset + (1 << 20))))
+        }
+        let writer = try b.fs.open(ino: ino, flags: O_RDWR).handle
+        try b.fs.release(handle: writer)
+        #expect(!b.replica.withNamespace { $0.node(ino)!.isPlaceholder })
+        let local = try b.fs.open(ino: ino, flags: O_RDONLY).handle
+        defer { try? b.fs.release(handle: local) }
+        #expect(try read(b, local, at: 0, count: Self.data.count) == Self.data)
+    }
+
+    /// Evicting a placeholder stops its download, and its partial file
+    /// goes: at once when nobody reads it (its reader closed: the download
+    /// went on in the background), else when the last reader closes.
+    @Test func evictingAPlaceholderStopsItsDownload() throws {
+        let (store, root) = try folderStore()
+        defer { try? FileManager.default.removeItem(at: root) }
+        let (a, b, ino) = try placeholderOnB(store, store)
+        defer { a.cleanUp(); b.cleanUp() }
+        let node = b.replica.withNamespace { $0.node(ino)! }
+        let partial = b.replica.cachePath(ino) + "." + String(node.hash!.prefix(16)) + ".part"
+        var reader = try b.fs.open(ino: ino, flags: O_RDONLY).handle
+        #expect(try read(b, reader, at: 0, count: 1 << 20) == Self.data.prefix(1 << 20))
+        try b.fs.release(handle: reader)
+        #expect(try b.engine.evict(ino: ino) == false)
+        #expect(b.engine.downloadSummary().items == 0)
+        usleep(500_000)
+        #expect(access(partial, F_OK) != 0, "the partial file is still there")
+        #expect(b.replica.withNamespace { $0.node(ino)!.isPlaceholder })
+        // Evicted while a reader streams it: it reads on, and the download stops when it closes.
+        reader = try b.fs.open(ino: ino, flags: O_RDONLY).handle
+        #expect(try read(b, reader, at: 0, count: 1 << 20) == Self.data.prefix(1 << 20))
+        #expect(try b.engine.evict(ino: ino) == false)
+        let far = 12 * Self.chunk
+        #expect(try read(b, reader, at: far, count: 1 << 20) == Self.data.subdata(in: far..<(far + (1 << 20))))
+        #expect(b.engine.downloadSummary().items == 1)
+        try b.fs.release(handle: reader)
+        #expect(b.engine.downloadSummary().items == 0)
+        usleep(500_000)
+        #expect(access(partial, F_OK) != 0, "the partial file is still there")
+        #expect(b.replica.withNamespace { $0.node(ino)!.isPlaceholder })
+        // It downloads again when asked.
+        try b.engine.download(ino: ino)
+        let local = try b.fs.open(ino: ino, flags: O_RDONLY).handle
+        defer { try? b.fs.release(handle: local) }
+        #expect(try read(b, local, at: 0, count: Self.data.count) == Self.data)
     }
 }

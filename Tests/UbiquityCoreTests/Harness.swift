@@ -76,10 +76,21 @@ final class TestDevice {
         let handle = try fs.open(ino: ino, flags: O_RDONLY).handle
         defer { try? fs.release(handle: handle) }
         let size = Int(try fs.getattr(ino: ino).size)
-        guard case .fileRange(let fd, let offset, _, _) = try fs.read(handle: handle, offset: 0, size: size) else { return "" }
-        var buffer = [UInt8](repeating: 0, count: size)
-        let n = pread(fd, &buffer, size, off_t(offset))
-        return String(decoding: buffer[0..<max(0, n)], as: UTF8.self)
+        return String(decoding: Self.bytes(of: try fs.read(handle: handle, offset: 0, size: size)), as: UTF8.self)
+    }
+
+    /// What the FUSE adapter would send for `reply`.
+    static func bytes(of reply: ReadReply) -> Data {
+        switch reply {
+        case .fileRange(let fd, let at, let size, _):
+            var buffer = [UInt8](repeating: 0, count: size)
+            let n = pread(fd, &buffer, size, off_t(at))
+            return Data(buffer[0..<max(0, n)])
+        case .memory(let pinned, _):
+            return Data(bytes: pinned.base, count: pinned.count)
+        case .bytes(let bytes, _):
+            return Data(bytes)
+        }
     }
 
     func mkdir(_ path: String) throws {

@@ -182,6 +182,54 @@ def test_a_streamed_placeholder_is_not_cached_twice(make_device):
         os.close(fd)
 
 
+def partial_bytes(dev) -> int:
+    """Bytes on disk of the device's partial downloads (cache/…/*.part)."""
+    return sum(p.stat().st_blocks * 512 for p in dev.data_home.rglob("*.part") if p.is_file())
+
+
+@folder_store_only("chunks are held in memory for a stream only where fetching again is cheap (a folder store)")
+def test_a_stream_is_served_from_memory_and_downloaded_after_it(make_device):
+    """On a folder store (cheap to fetch from again), B streams a placeholder
+    from chunks its download holds in memory: nothing reaches B's cache while
+    it reads, and once it closes the file is downloaded in the background.
+    Evicting a placeholder stops its download: at once when its reader has
+    closed, else when the reader closes."""
+    size = 64 * MiB + 777
+    a = new_device(make_device, "a")
+    b = new_device(make_device, "b")
+    data = os.urandom(size)
+    write(a.mountpoint / "movie.bin", data)
+    write(a.mountpoint / "other.bin", data[::-1])
+    wait_pushed(a, 120)
+    listed_on(b, "movie.bin", size)
+    listed_on(b, "other.bin", size)
+
+    got = bytearray()
+    written = []
+    with open(b.mountpoint / "movie.bin", "rb", buffering=0) as f:
+        assert fresh_blocks(b.mountpoint / "movie.bin") == 0, "movie.bin was downloaded already: nothing measured"
+        while part := f.read(MiB):
+            got += part
+            written.append(partial_bytes(b))
+    assert bytes(got) == data, f"movie.bin on B differs from A's ({len(got)} bytes read)"
+    print(f"movie.bin: at most {max(written) / MiB:.1f} MiB in B's partial file while it streamed")
+    assert max(written) == 0, f"{max(written) / MiB:.1f} MiB of the stream written to B's cache while B read it"
+    eventually(lambda: fresh_blocks(b.mountpoint / "movie.bin") > 0 or (_ for _ in ()).throw(AssertionError("placeholder")),
+               SYNC_TIMEOUT, what="movie.bin downloaded on B after the stream closed")
+    assert read(b.mountpoint / "movie.bin") == data, "movie.bin downloaded on B differs from A's"
+    assert partial_bytes(b) == 0
+
+    # Evicted after its reader closed: the download that went on stops.
+    with open(b.mountpoint / "other.bin", "rb", buffering=0) as f:
+        assert f.read(4 * MiB) == data[::-1][:4 * MiB]
+    res = b.cli("evict", b.mountpoint / "other.bin", timeout=60)
+    assert res.returncode == 0, f"evict failed:\n{res}"
+    time.sleep(SYNC_TIMEOUT / 10)
+    assert fresh_blocks(b.mountpoint / "other.bin") == 0, "other.bin was downloaded although evicted"
+    assert partial_bytes(b) == 0, "other.bin's partial file stayed after the eviction"
+    assert status_json(b)["downloadingItems"] == 0, "other.bin is still downloading after the eviction"
+
+
 def test_pinning_many_placeholders_keeps_threads_bounded(make_device):
     """Pinning a folder of 200 placeholders (and a few chunked files) queues
     downloads on a fixed pool; the daemon's thread count stays bounded and
