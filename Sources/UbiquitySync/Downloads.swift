@@ -27,8 +27,8 @@ import Glibc
 /// (and `heldInAll` for every download); a chunk the readers were served
 /// whole is let go (*passed*). Writing each chunk into the cache file while
 /// the reader streams would cost a copy into as many new pages as the file
-/// has bytes, on the CPUs the reader needs (DESIGN.md, "Streamed
-/// placeholders", has the figures). Once the last stream closes, or it
+/// has bytes, on the CPUs the reader needs (DESIGN.md, "Chunked content
+/// and streaming downloads", has the figures). Once the last stream closes, or it
 /// stops reading for `idleStream` seconds, or someone waits for the whole
 /// file (`waitForContent`: a writer, `ubiquityfs download`), the held
 /// chunks are written and the passed ones fetched again, in the background,

@@ -32,8 +32,9 @@ import Glibc
 ///
 /// Threads: the push thread and the caller of `drain` share `pushLock`, so
 /// one push runs at a time. Lock order: `pushLock` → replica locks;
-/// `cacheLimitPass` → replica locks; `status`, `uploadFailures` and
-/// `limitRefusals` are leaves.
+/// `cacheLimitPass` → replica locks; the download pool's condition →
+/// `Replica.namespace`; `status`, `uploadFailures` and `limitRefusals` are
+/// leaves.
 public final class SyncEngine: Sendable {
     public let replica: Replica
     public let store: any Store
