@@ -142,10 +142,33 @@ import Glibc
         #expect(try read(b, handle, at: 0, count: Self.data.count) == Self.data)
     }
 
-    /// A folder store, cheap to fetch from again, shared by A and B.
-    func folderStore() throws -> (FolderStore, URL) {
-        let root = FileManager.default.temporaryDirectory.appendingPathComponent("ubq-folder-\(UUID().uuidString)")
-        return (try FolderStore(root: root, create: true, initializeEmpty: true), root)
+    /// A and B on a folder store (cheap to fetch from again), B with a
+    /// placeholder of `Self.data`, and the path of B's partial file for it.
+    struct OnFolderStore {
+        let a: TestDevice, b: TestDevice, ino: UInt64, partial: String, root: URL
+
+        init(_ tests: DownloadTests) throws {
+            root = FileManager.default.temporaryDirectory.appendingPathComponent("ubq-folder-\(UUID().uuidString)")
+            let store = try FolderStore(root: root, create: true, initializeEmpty: true)
+            let (a, b, ino) = try tests.placeholderOnB(store, store)
+            let hash = b.replica.withNamespace { $0.node(ino)!.hash! }
+            (self.a, self.b, self.ino) = (a, b, ino)
+            partial = b.replica.cachePath(ino) + "." + String(hash.prefix(16)) + ".part"
+        }
+
+        func cleanUp() {
+            a.cleanUp()
+            b.cleanUp()
+            try? FileManager.default.removeItem(at: root)
+        }
+    }
+
+    /// B's copy, once local, is `Self.data`.
+    func expectLocalCopy(_ b: TestDevice, _ ino: UInt64) throws {
+        #expect(!b.replica.withNamespace { $0.node(ino)!.isPlaceholder })
+        let local = try b.fs.open(ino: ino, flags: O_RDONLY).handle
+        defer { try? b.fs.release(handle: local) }
+        #expect(try read(b, local, at: 0, count: Self.data.count) == Self.data)
     }
 
     /// Bytes of `path` the filesystem has allocated (0 for none, or no file).
@@ -169,12 +192,9 @@ import Glibc
     /// right bytes, and once it closes the file is downloaded in the
     /// background.
     @Test func aStreamIsServedFromMemoryAndTheFileDownloadedAfterIt() throws {
-        let (store, root) = try folderStore()
-        defer { try? FileManager.default.removeItem(at: root) }
-        let (a, b, ino) = try placeholderOnB(store, store)
-        defer { a.cleanUp(); b.cleanUp() }
-        let node = b.replica.withNamespace { $0.node(ino)! }
-        let partial = b.replica.cachePath(ino) + "." + String(node.hash!.prefix(16)) + ".part"
+        let setup = try OnFolderStore(self)
+        defer { setup.cleanUp() }
+        let (b, ino, partial) = (setup.b, setup.ino, setup.partial)
         let handle = try b.fs.open(ino: ino, flags: O_RDONLY).handle
         var fromMemory = 0, reads = 0, mostWritten = 0
         var got = Data()
@@ -196,19 +216,16 @@ import Glibc
         #expect(b.replica.withNamespace { $0.node(ino)!.isPlaceholder })
         try b.fs.release(handle: handle)
         #expect(waitDownloaded(b, ino), "not downloaded after the stream closed")
-        let local = try b.fs.open(ino: ino, flags: O_RDONLY).handle
-        defer { try? b.fs.release(handle: local) }
-        #expect(try read(b, local, at: 0, count: Self.data.count) == Self.data)
+        try expectLocalCopy(b, ino)
     }
 
     /// A stream that stops reading (a paused player) does not keep the
     /// download waiting: after 2 s it goes on and the file is downloaded,
     /// the descriptor still open, which then reads the rest from the cache.
     @Test func aPausedStreamLetsItsDownloadFinish() throws {
-        let (store, root) = try folderStore()
-        defer { try? FileManager.default.removeItem(at: root) }
-        let (a, b, ino) = try placeholderOnB(store, store)
-        defer { a.cleanUp(); b.cleanUp() }
+        let setup = try OnFolderStore(self)
+        defer { setup.cleanUp() }
+        let (b, ino) = (setup.b, setup.ino)
         let reader = try b.fs.open(ino: ino, flags: O_RDONLY).handle
         defer { try? b.fs.release(handle: reader) }
         #expect(try read(b, reader, at: 0, count: 1 << 20) == Self.data.prefix(1 << 20))
@@ -224,10 +241,9 @@ import Glibc
     /// downloaded whole first: what the stream held is written, what it let
     /// go of fetched again.
     @Test func aWriterOfAStreamedPlaceholderGetsAllOfIt() throws {
-        let (store, root) = try folderStore()
-        defer { try? FileManager.default.removeItem(at: root) }
-        let (a, b, ino) = try placeholderOnB(store, store)
-        defer { a.cleanUp(); b.cleanUp() }
+        let setup = try OnFolderStore(self)
+        defer { setup.cleanUp() }
+        let (b, ino) = (setup.b, setup.ino)
         let reader = try b.fs.open(ino: ino, flags: O_RDONLY).handle
         defer { try? b.fs.release(handle: reader) }
         for offset in stride(from: 0, to: 10 * Self.chunk, by: 1 << 20) {
@@ -235,22 +251,16 @@ import Glibc
         }
         let writer = try b.fs.open(ino: ino, flags: O_RDWR).handle
         try b.fs.release(handle: writer)
-        #expect(!b.replica.withNamespace { $0.node(ino)!.isPlaceholder })
-        let local = try b.fs.open(ino: ino, flags: O_RDONLY).handle
-        defer { try? b.fs.release(handle: local) }
-        #expect(try read(b, local, at: 0, count: Self.data.count) == Self.data)
+        try expectLocalCopy(b, ino)
     }
 
     /// Evicting a placeholder stops its download, and its partial file
     /// goes: at once when nobody reads it (its reader closed: the download
     /// went on in the background), else when the last reader closes.
     @Test func evictingAPlaceholderStopsItsDownload() throws {
-        let (store, root) = try folderStore()
-        defer { try? FileManager.default.removeItem(at: root) }
-        let (a, b, ino) = try placeholderOnB(store, store)
-        defer { a.cleanUp(); b.cleanUp() }
-        let node = b.replica.withNamespace { $0.node(ino)! }
-        let partial = b.replica.cachePath(ino) + "." + String(node.hash!.prefix(16)) + ".part"
+        let setup = try OnFolderStore(self)
+        defer { setup.cleanUp() }
+        let (b, ino, partial) = (setup.b, setup.ino, setup.partial)
         var reader = try b.fs.open(ino: ino, flags: O_RDONLY).handle
         #expect(try read(b, reader, at: 0, count: 1 << 20) == Self.data.prefix(1 << 20))
         try b.fs.release(handle: reader)
@@ -273,8 +283,6 @@ import Glibc
         #expect(b.replica.withNamespace { $0.node(ino)!.isPlaceholder })
         // It downloads again when asked.
         try b.engine.download(ino: ino)
-        let local = try b.fs.open(ino: ino, flags: O_RDONLY).handle
-        defer { try? b.fs.release(handle: local) }
-        #expect(try read(b, local, at: 0, count: Self.data.count) == Self.data)
+        try expectLocalCopy(b, ino)
     }
 }
