@@ -41,13 +41,13 @@ struct HandleTable: Sendable {
 /// The sequential run of one reader of a placeholder, and how much of it
 /// the kernel may forget.
 ///
-/// The download holds a placeholder's bytes in the cache file's pages, and
-/// the kernel caches them again for the mounted file as the reader gets
-/// them. Behind a reader that streams, the pages it passed are given back,
-/// so the rest of the stream reuses warm memory instead of touching fresh
-/// (dear on a VM whose host takes back free memory: DESIGN.md, "Chunked
-/// content", has the figures). Reading them again goes through FUSE to the
-/// cache file's pages, which stay.
+/// The kernel caches a placeholder's bytes for the mounted file as the
+/// reader gets them, although the daemon can serve them again (from the
+/// cache file, or on a folder store from the chunks its download holds or
+/// fetches again). Behind a reader that streams, the pages it passed are
+/// given back, so the rest of the stream reuses warm memory instead of
+/// touching fresh (dear on a VM whose host takes back free memory:
+/// DESIGN.md, "Chunked content", has the figures).
 ///
 /// Only a run counts: reads that each start where the last ended (give or
 /// take the kernel's read-ahead, whose requests arrive out of order on

@@ -80,9 +80,9 @@ public struct OpenReply: Sendable {
 }
 
 /// What a read answers: a range of a local file (sent with splice, no copy
-/// through this process), memory a download holds, or bytes. `passed`: bytes of the file the kernel
-/// may now drop from its page cache, because the reader streamed past them
-/// (`StreamedRun`); nil almost always.
+/// through this process), memory a download holds, or bytes. `passed`:
+/// bytes of the file the kernel may now drop from its page cache, because
+/// the reader streamed past them (`StreamedRun`); nil almost always.
 public enum ReadReply: Sendable {
     case fileRange(fd: Int32, offset: Int64, size: Int, passed: Range<Int64>? = nil)
     /// Held by a download for a streaming reader (released after the reply).

@@ -111,6 +111,23 @@ final class DownloadBoard: @unchecked Sendable {
             cursor = last + 1
         }
 
+        /// Chunk `index` (`count` bytes) is verified in the partial file.
+        mutating func verify(_ index: Int, count: Int) {
+            state[index] = .verified
+            verified += UInt64(count)
+            remaining -= 1
+            lastProgress = Date()
+        }
+
+        /// Held chunk `index` is let go of, to be fetched again later (the
+        /// caller holds the pool's condition).
+        mutating func letGo(_ index: Int) {
+            held.removeValue(forKey: index)?.release()
+            state[index] = .passed
+            passed += 1
+            DownloadPool.shared.heldChunks -= 1
+        }
+
         /// Whether bytes `from..<upTo` are verified in the cache file (or,
         /// `inMemory`, held).
         func isReady(from: UInt64, upTo: UInt64, inMemory: Bool) -> Bool {
@@ -322,6 +339,12 @@ final class DownloadPool: @unchecked Sendable {
             }
         }
         return nil
+    }
+
+    /// A unit is done with `partial` (the caller holds `condition`).
+    func doneWriting(_ partial: String) {
+        writers[partial, default: 1] -= 1
+        if writers[partial] == 0 { writers[partial] = nil }
     }
 
     private func take(_ index: Int, of job: inout DownloadBoard.Job, _ entry: Entry) -> DownloadBoard.Job {
@@ -573,11 +596,7 @@ extension SyncEngine {
         }
         guard chunk.pins == 0, chunk.served >= chunk.count, var job = downloads.jobs[key], job.id == id,
               job.held[index] === chunk, holdsChunks(key, job, now: Date()) else { return }
-        job.held[index] = nil
-        job.state[index] = .passed
-        job.passed += 1
-        pool.heldChunks -= 1
-        chunk.release()
+        job.letGo(index)
         downloads.jobs[key] = job
         pool.wake()   // the read-ahead may go on
     }
@@ -666,8 +685,7 @@ extension SyncEngine {
                 let count = Int(min(job.chunkSize, job.total - offset))
                 let result = Result { try fetchChunk(job, key: key, index: index, offset: offset, count: count) }
                 pool.condition.lock()
-                pool.writers[job.partial, default: 1] -= 1
-                if pool.writers[job.partial] == 0 { pool.writers[job.partial] = nil }
+                pool.doneWriting(job.partial)
                 let recorded = jobsUpdate(key, id: job.id) { j in
                     j.inFlight -= 1
                     switch result {
@@ -681,17 +699,10 @@ extension SyncEngine {
                         // served from (not the next one of a reader going forward).
                         if j.held.count > DownloadPool.heldPerDownload,
                            let last = j.held.filter({ $0.key != index && $0.value.pins == 0 }).keys.max() {
-                            j.held[last]!.release()
-                            j.held[last] = nil
-                            j.state[last] = .passed
-                            j.passed += 1
-                            pool.heldChunks -= 1
+                            j.letGo(last)
                         }
                     case .success(nil):
-                        j.state[index] = .verified
-                        j.verified += UInt64(count)
-                        j.remaining -= 1
-                        j.lastProgress = Date()
+                        j.verify(index, count: count)
                     case .failure:
                         j.state[index] = .missing
                     }
@@ -710,15 +721,11 @@ extension SyncEngine {
                                           at: UInt64(index) * job.chunkSize)
                 }
                 pool.condition.lock()
-                pool.writers[job.partial, default: 1] -= 1
-                if pool.writers[job.partial] == 0 { pool.writers[job.partial] = nil }
+                pool.doneWriting(job.partial)
                 _ = jobsUpdate(key, id: job.id) { j in
                     j.inFlight -= 1
                     if case .success = result {
-                        j.state[index] = .verified
-                        j.verified += UInt64(chunk.count)
-                        j.remaining -= 1
-                        j.lastProgress = Date()
+                        j.verify(index, count: chunk.count)
                     } else {
                         j.state[index] = .missing
                     }
