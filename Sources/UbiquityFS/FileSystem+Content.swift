@@ -332,7 +332,7 @@ extension FileSystem {
         do {
             if mark { try commit(notify: false) }
             while written < count {
-                let n = pwrite(file.fd, bytes + written, count - written, off_t(offset) + off_t(written))
+                let n = pwrite(file.fd, bytes + written, min(count - written, ContentCopy.writePiece), off_t(offset) + off_t(written))
                 if n < 0 {
                     if errno == EINTR { continue }
                     let code = errno

@@ -543,12 +543,7 @@ public final class FolderStore: Store {
         defer { unlink(tmp.path) }
         do {
             try syscallRetrying("chmod \(tmp.path)") { fchmod(fd, mode) }
-            try data.withUnsafeBytes { raw in
-                var written = 0
-                while written < raw.count {
-                    written += try syscallRetrying("write \(tmp.path)") { write(fd, raw.baseAddress! + written, raw.count - written) }
-                }
-            }
+            try ContentCopy.write(data, to: fd, at: 0)
             if sync { try syscallRetrying("fsync \(tmp.path)") { fsync(fd) } }
         } catch {
             close(fd)
