@@ -159,6 +159,9 @@ public final class FaultyStore: Store, CustomStringConvertible {
     let blobLimit = Mutex<Int?>(nil)
     public var storeID: String { base.storeID }
     public var downloadConcurrency: Int { base.downloadConcurrency }
+    /// As the wrapped store's; its chunks are then read (`readBlob`) through
+    /// `fetchBlob`, so a fault injected there reaches a streamed download too.
+    public var cheapToFetchAgain: Bool { base.cheapToFetchAgain }
 
     public init(_ base: any Store) { self.base = base }
 

@@ -32,7 +32,9 @@ import Glibc
 /// stops reading for `idleStream` seconds, or someone waits for the whole
 /// file (`waitForContent`: a writer, `ubiquityfs download`), the held
 /// chunks are written and the passed ones fetched again, in the background,
-/// so the file still ends up downloaded, as an open promises.
+/// so the file still ends up downloaded, as an open promises. A file
+/// evicted while a reader streams it is not: its download serves the
+/// streams alone, is never installed, and stops when the last one closes.
 ///
 /// Which chunks are verified is known only in memory. An interrupted
 /// download resumes from the bytes in the partial file: every chunk the
@@ -284,7 +286,8 @@ final class DownloadPool: @unchecked Sendable {
                 board.jobs[entry.key] = job
             }
             if job.chunks != nil && job.remaining == 0 {
-                guard !job.installing && job.inFlight == 0 else { continue }
+                // An evicted file is not installed: its download stops when its last stream closes.
+                guard !job.installing && job.inFlight == 0 && !job.evicted else { continue }
                 job.installing = true
                 board.jobs[entry.key] = job
                 return (entry, .install, job)
@@ -364,10 +367,12 @@ extension SyncEngine {
     static let idleStream: Double = 2
 
     /// Whether download `key` holds the chunks it fetches for its streaming
-    /// readers instead of writing them (the caller holds the pool's condition).
+    /// readers instead of writing them: while a stream reads it, and — once
+    /// the file was evicted — until the last stream closes, however long it
+    /// pauses (the caller holds the pool's condition).
     func holdsChunks(_ key: DownloadBoard.JobKey, _ job: DownloadBoard.Job, now: Date) -> Bool {
         store.cheapToFetchAgain && job.chunked && job.chunkSize <= UInt64(ChunkBuffer.size) && !job.keep
-            && downloads.streams[key, default: 0] > 0 && now.timeIntervalSince(job.lastServed) < Self.idleStream
+            && downloads.streams[key, default: 0] > 0 && (job.evicted || now.timeIntervalSince(job.lastServed) < Self.idleStream)
     }
 
     /// A reader opened placeholder `ino` (version `version`) to stream it.

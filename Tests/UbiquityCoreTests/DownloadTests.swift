@@ -144,13 +144,16 @@ import Glibc
 
     /// A and B on a folder store (cheap to fetch from again), B with a
     /// placeholder of `Self.data`, and the path of B's partial file for it.
+    /// B reaches the store through `faulty`, which injects no fault until asked.
     struct OnFolderStore {
         let a: TestDevice, b: TestDevice, ino: UInt64, partial: String, root: URL
+        let faulty: FaultyStore
 
         init(_ tests: DownloadTests) throws {
             root = FileManager.default.temporaryDirectory.appendingPathComponent("ubq-folder-\(UUID().uuidString)")
             let store = try FolderStore(root: root, create: true, initializeEmpty: true)
-            let (a, b, ino) = try tests.placeholderOnB(store, store)
+            faulty = FaultyStore(store)
+            let (a, b, ino) = try tests.placeholderOnB(store, faulty)
             let hash = b.replica.withNamespace { $0.node(ino)!.hash! }
             (self.a, self.b, self.ino) = (a, b, ino)
             partial = b.replica.cachePath(ino) + "." + String(hash.prefix(16)) + ".part"
@@ -256,7 +259,8 @@ import Glibc
 
     /// Evicting a placeholder stops its download, and its partial file
     /// goes: at once when nobody reads it (its reader closed: the download
-    /// went on in the background), else when the last reader closes.
+    /// went on in the background), else when the last reader closes, the
+    /// file never downloaded meanwhile, however long the reader pauses.
     @Test func evictingAPlaceholderStopsItsDownload() throws {
         let setup = try OnFolderStore(self)
         defer { setup.cleanUp() }
@@ -273,6 +277,9 @@ import Glibc
         reader = try b.fs.open(ino: ino, flags: O_RDONLY).handle
         #expect(try read(b, reader, at: 0, count: 1 << 20) == Self.data.prefix(1 << 20))
         #expect(try b.engine.evict(ino: ino) == false)
+        // A pause longer than `idleStream` does not let the evicted file download.
+        usleep(2_500_000)
+        #expect(b.replica.withNamespace { $0.node(ino)!.isPlaceholder })
         let far = 12 * Self.chunk
         #expect(try read(b, reader, at: far, count: 1 << 20) == Self.data.subdata(in: far..<(far + (1 << 20))))
         #expect(b.engine.downloadSummary().items == 1)
@@ -284,5 +291,52 @@ import Glibc
         // It downloads again when asked.
         try b.engine.download(ino: ino)
         try expectLocalCopy(b, ino)
+    }
+
+    /// The store fails while a stream holds chunks: the reader gets `EIO`
+    /// for what it has not been served, never other bytes, and what it was
+    /// served stays right; once the store is back, a new reader gets the
+    /// whole file and it is downloaded.
+    @Test func aStoreFailingUnderAStreamServesNothingElse() throws {
+        let setup = try OnFolderStore(self)
+        defer { setup.cleanUp() }
+        let (b, ino) = (setup.b, setup.ino)
+        var reader = try b.fs.open(ino: ino, flags: O_RDONLY).handle
+        #expect(try read(b, reader, at: 0, count: 1 << 20) == Self.data.prefix(1 << 20))
+        setup.faulty.fail([.fetchBlob])
+        let far = 15 * Self.chunk
+        #expect(throws: UbiquityError.self) { try read(b, reader, at: far, count: 4096) }
+        try b.fs.release(handle: reader)
+        #expect(b.replica.withNamespace { $0.node(ino)!.isPlaceholder })
+        #expect(b.engine.downloadSummary().items == 0, "a failed download still counts as under way")
+        setup.faulty.fail([])
+        reader = try b.fs.open(ino: ino, flags: O_RDONLY).handle
+        #expect(try read(b, reader, at: far, count: 4096) == Self.data.subdata(in: far..<(far + 4096)))
+        #expect(try read(b, reader, at: 0, count: Self.data.count) == Self.data)
+        try b.fs.release(handle: reader)
+        #expect(waitDownloaded(b, ino), "not downloaded once the store was back")
+        try expectLocalCopy(b, ino)
+    }
+
+    /// A chunk damaged in the store is never served to a stream, nor held:
+    /// its reader gets `EIO`, and the file stays a placeholder.
+    @Test func aDamagedChunkIsNotServedToAStream() throws {
+        let setup = try OnFolderStore(self)
+        defer { setup.cleanUp() }
+        let (b, ino) = (setup.b, setup.ino)
+        let manifest = try ChunkManifest.decode(try setup.faulty.fetchBlob(b.replica.withNamespace { $0.node(ino)!.hash! }))
+        let damaged = manifest.chunks[9]
+        let path = setup.root.appendingPathComponent("blobs/\(damaged.prefix(2))/\(damaged)").path
+        let fd = open(path, O_WRONLY)
+        #expect(fd >= 0, "no blob file at \(path)")
+        #expect(pwrite(fd, "not the blob", 12, 1000) == 12)
+        close(fd)
+        let reader = try b.fs.open(ino: ino, flags: O_RDONLY).handle
+        defer { try? b.fs.release(handle: reader) }
+        // Chunk 9 is beyond the read-ahead of a reader of the first MiB (6 chunks).
+        #expect(try read(b, reader, at: 0, count: 1 << 20) == Self.data.prefix(1 << 20))
+        let error = #expect(throws: UbiquityError.self) { try read(b, reader, at: 9 * Self.chunk, count: 4096) }
+        #expect(error?.errno == EIO)
+        #expect(b.replica.withNamespace { $0.node(ino)!.isPlaceholder })
     }
 }
