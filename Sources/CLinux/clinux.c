@@ -5,8 +5,13 @@
 #include <fcntl.h>
 #include <sys/syscall.h>
 #include <malloc.h>
+#include <sys/vfs.h>
 
 int ubq_syncfs(int fd) { return (int)syscall(SYS_syncfs, fd); }
+long ubq_filesystem_type(const char *path) {
+    struct statfs st;
+    return statfs(path, &st) == 0 ? (long)st.f_type : -1;
+}
 int ubq_gettid(void) { return (int)syscall(SYS_gettid); }
 long ubq_cached_pages(int fd, unsigned long offset, unsigned long length) {
     struct { unsigned long long off, len; } range = { offset, length };

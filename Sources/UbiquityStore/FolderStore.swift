@@ -435,9 +435,45 @@ public final class FolderStore: Store {
         try readVerified(hash, size: size, through: buffer) { _, _ in }
     }
 
-    /// Folder stores are local disks or mounts: fetching a chunk again costs
-    /// less than writing it while a reader streams (`SyncEngine`'s streams).
-    public var cheapToFetchAgain: Bool { true }
+    /// A folder store on a local filesystem (by `statfs`'s type: ext4, xfs,
+    /// btrfs, tmpfs, …): fetching a chunk again costs less than writing it
+    /// while a reader streams (`SyncEngine`'s streams). One across a network
+    /// (NFS, SMB, a FUSE mount such as sshfs or rclone, 9p, Ceph) or on a
+    /// type not listed here is not: its downloads write each chunk as it
+    /// arrives, as an S3 store's do, for a second fetch is another trip
+    /// across the wire. Asked of the folder once it answers, then kept.
+    public var cheapToFetchAgain: Bool {
+        let known = onLocalDisk.load(ordering: .relaxed)
+        if known != 0 { return known == 1 }
+        let type = ubq_filesystem_type(blobsPath)
+        guard type != -1 else { return false }
+        let local = Self.localFilesystemTypes.contains(UInt32(truncatingIfNeeded: type))
+        onLocalDisk.store(local ? 1 : 2, ordering: .relaxed)
+        return local
+    }
+
+    /// Whether the folder is on a local filesystem: 0 not known yet, 1 yes, 2 no.
+    let onLocalDisk = Atomic<Int>(0)
+
+    /// `statfs` types (`f_type`) of filesystems on local disks or in memory.
+    static let localFilesystemTypes: Set<UInt32> = [
+        0xEF53,       // ext2, ext3, ext4
+        0x5846_5342,  // xfs
+        0x9123_683E,  // btrfs
+        0x0102_1994,  // tmpfs
+        0x8584_58F6,  // ramfs
+        0xF2F5_2010,  // f2fs
+        0x2FC1_2FC1,  // zfs
+        0xCA45_1A4E,  // bcachefs
+        0x794C_7630,  // overlayfs
+        0x4D44,       // vfat
+        0x2011_BAB0,  // exfat
+        0x5346_544E,  // ntfs3
+        0x3153_464A,  // jfs
+        0x5265_4973,  // reiserfs
+        0x3434,       // nilfs2
+        0x482B,       // hfsplus
+    ]
 
     /// Read blob `hash` through `buffer` a window at a time, hashing each
     /// 256 KiB piece and then handing it to `piece` (with its offset in the

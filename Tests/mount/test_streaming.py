@@ -230,6 +230,43 @@ def test_a_stream_is_served_from_memory_and_downloaded_after_it(make_device):
     assert status_json(b)["downloadingItems"] == 0, "other.bin is still downloading after the eviction"
 
 
+@folder_store_only("the store is a folder behind a FUSE mount")
+def test_a_stream_from_a_folder_store_across_a_fuse_mount_is_written_as_it_arrives(make_device, tmp_path):
+    """A folder store on a network or FUSE filesystem (here bindfs over a
+    folder: `statfs` says FUSE, as it does for sshfs or rclone) is not cheap
+    to fetch from again: B's download writes each chunk to its cache as it
+    arrives, as on S3, instead of holding it for the stream and fetching it
+    a second time, and B reads the file right."""
+    size = 24 * MiB + 777
+    backing, store = tmp_path / "store-backing", tmp_path / "store-over-fuse"
+    backing.mkdir()
+    store.mkdir()
+    subprocess.run(["bindfs", "--no-allow-other", str(backing), str(store)], check=True, timeout=30)
+    try:
+        a = new_device(make_device, "a", store=store)
+        b = new_device(make_device, "b", store=store)
+        data = os.urandom(size)
+        write(a.mountpoint / "movie.bin", data)
+        wait_pushed(a, 120)
+        listed_on(b, "movie.bin", size)
+        got = bytearray()
+        written = []
+        with open(b.mountpoint / "movie.bin", "rb", buffering=0) as f:
+            assert fresh_blocks(b.mountpoint / "movie.bin") == 0, "movie.bin was downloaded already: nothing measured"
+            while part := f.read(MiB):
+                got += part
+                written.append(partial_bytes(b))
+        assert bytes(got) == data, f"movie.bin on B differs from A's ({len(got)} bytes read)"
+        assert max(written) > 0, "nothing reached B's partial file while it streamed: the chunks were held"
+        eventually(lambda: fresh_blocks(b.mountpoint / "movie.bin") > 0 or (_ for _ in ()).throw(AssertionError("placeholder")),
+                   SYNC_TIMEOUT, what="movie.bin downloaded on B after the stream closed")
+        assert read(b.mountpoint / "movie.bin") == data, "movie.bin downloaded on B differs from A's"
+        b.unmount()
+        a.unmount()
+    finally:
+        subprocess.run(["fusermount3", "-u", "-z", str(store)], timeout=30)
+
+
 def test_pinning_many_placeholders_keeps_threads_bounded(make_device):
     """Pinning a folder of 200 placeholders (and a few chunked files) queues
     downloads on a fixed pool; the daemon's thread count stays bounded and

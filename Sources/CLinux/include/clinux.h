@@ -8,6 +8,8 @@
 
 /* syncfs(2): flush the filesystem holding fd. */
 int ubq_syncfs(int fd);
+/* statfs(2)'s f_type of the filesystem holding path (its magic number), or -1. */
+long ubq_filesystem_type(const char *path);
 /* gettid(2): the calling thread's id. */
 int ubq_gettid(void);
 /* pthread_setname_np(3) for the calling thread: its name in /proc/PID/task/TID/comm
