@@ -94,8 +94,9 @@ final class DownloadBoard: @unchecked Sendable {
         var held: [Int: HeldChunk] = [:]
         /// Chunks let go of since the last time nothing was held for readers (state `.passed`).
         var passed = 0
-        /// Someone waits for the whole file in the cache: nothing more is held.
-        var keep = false
+        /// Someone waits for the whole file in the cache: nothing more is
+        /// held, and an eviction while a stream read it no longer counts.
+        var keep = false { didSet { if keep { evicted = false } } }
         /// Evicted while a reader streams it: stopped when the last stream closes.
         var evicted = false
         /// When a streaming reader was last served from memory.

@@ -257,6 +257,21 @@ import Glibc
         try expectLocalCopy(b, ino)
     }
 
+    /// A writer that opens a file evicted while a reader streams it gets all
+    /// of it: what it waits for overrides the eviction.
+    @Test func aWriterOfAStreamedPlaceholderEvictedMeanwhileGetsAllOfIt() throws {
+        let setup = try OnFolderStore(self)
+        defer { setup.cleanUp() }
+        let (b, ino) = (setup.b, setup.ino)
+        let reader = try b.fs.open(ino: ino, flags: O_RDONLY).handle
+        defer { try? b.fs.release(handle: reader) }
+        #expect(try read(b, reader, at: 0, count: 1 << 20) == Self.data.prefix(1 << 20))
+        #expect(try b.engine.evict(ino: ino) == false)
+        let writer = try b.fs.open(ino: ino, flags: O_RDWR).handle
+        try b.fs.release(handle: writer)
+        try expectLocalCopy(b, ino)
+    }
+
     /// Evicting a placeholder stops its download, and its partial file
     /// goes: at once when nobody reads it (its reader closed: the download
     /// went on in the background), else when the last reader closes, the
