@@ -336,6 +336,21 @@ def test_pinning_many_placeholders_keeps_threads_bounded(make_device):
         assert read(b.mountpoint / rel) == data, f"{rel} on B differs from A's"
 
 
+def in_partial_file(dev, data: bytes, chunks: list) -> bool:
+    """Whether `dev`'s one partial download holds each of `chunks` of `data`
+    whole (its last bytes: a chunk is written in order)."""
+    parts = list(Path(dev.data_home).rglob("*.part"))
+    if len(parts) != 1:
+        return False
+    with open(parts[0], "rb") as f:
+        for i in chunks:
+            end = min(len(data), (i + 1) * CHUNK)
+            f.seek(end - 4096)
+            if f.read(4096) != data[end - 4096:end]:
+                return False
+    return True
+
+
 @folder_store_only("loses a blob and damages the partial download on disk")
 def test_out_of_order_download_resumes_after_kill9(make_device):
     """A download interrupted with chunks in the middle and at the end in (and
@@ -360,6 +375,12 @@ def test_out_of_order_download_resumes_after_kill9(make_device):
         assert os.pread(fd, 4096, middle * CHUNK + 5) == data[middle * CHUNK + 5:middle * CHUNK + 4101]
     finally:
         os.close(fd)
+    # On a folder store a stream's chunks are held in memory and written once
+    # it closes: wait for those two (not for the rest: each fetch takes `delay`).
+    deadline = time.monotonic() + 10
+    while not in_partial_file(b, data, [middle, last]):
+        assert time.monotonic() < deadline, "the last and the middle chunk never reached B's partial file"
+        time.sleep(0.01)
     assert fresh_blocks(b.mountpoint / "big.bin") == 0, "big.bin was all downloaded already: nothing interrupted"
     b.kill9()
 
