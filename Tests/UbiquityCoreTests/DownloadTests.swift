@@ -159,6 +159,13 @@ import Glibc
             partial = b.replica.cachePath(ino) + "." + String(hash.prefix(16)) + ".part"
         }
 
+        /// Open B's placeholder for reading and read its first MiB (right): a stream.
+        func openReadingFirstMiB() throws -> UInt64 {
+            let reader = try b.fs.open(ino: ino, flags: O_RDONLY).handle
+            #expect(TestDevice.bytes(of: try b.fs.read(handle: reader, offset: 0, size: 1 << 20)) == DownloadTests.data.prefix(1 << 20))
+            return reader
+        }
+
         func cleanUp() {
             a.cleanUp()
             b.cleanUp()
@@ -229,9 +236,8 @@ import Glibc
         let setup = try OnFolderStore(self)
         defer { setup.cleanUp() }
         let (b, ino) = (setup.b, setup.ino)
-        let reader = try b.fs.open(ino: ino, flags: O_RDONLY).handle
+        let reader = try setup.openReadingFirstMiB()
         defer { try? b.fs.release(handle: reader) }
-        #expect(try read(b, reader, at: 0, count: 1 << 20) == Self.data.prefix(1 << 20))
         #expect(waitDownloaded(b, ino), "not downloaded while the stream paused")
         var rest = Data()
         for offset in stride(from: 1 << 20, to: Self.data.count, by: 1 << 20) {
@@ -263,9 +269,8 @@ import Glibc
         let setup = try OnFolderStore(self)
         defer { setup.cleanUp() }
         let (b, ino) = (setup.b, setup.ino)
-        let reader = try b.fs.open(ino: ino, flags: O_RDONLY).handle
+        let reader = try setup.openReadingFirstMiB()
         defer { try? b.fs.release(handle: reader) }
-        #expect(try read(b, reader, at: 0, count: 1 << 20) == Self.data.prefix(1 << 20))
         #expect(try b.engine.evict(ino: ino) == false)
         let writer = try b.fs.open(ino: ino, flags: O_RDWR).handle
         try b.fs.release(handle: writer)
@@ -280,8 +285,7 @@ import Glibc
         let setup = try OnFolderStore(self)
         defer { setup.cleanUp() }
         let (b, ino, partial) = (setup.b, setup.ino, setup.partial)
-        var reader = try b.fs.open(ino: ino, flags: O_RDONLY).handle
-        #expect(try read(b, reader, at: 0, count: 1 << 20) == Self.data.prefix(1 << 20))
+        var reader = try setup.openReadingFirstMiB()
         try b.fs.release(handle: reader)
         #expect(try b.engine.evict(ino: ino) == false)
         #expect(b.engine.downloadSummary().items == 0)
@@ -289,8 +293,7 @@ import Glibc
         #expect(access(partial, F_OK) != 0, "the partial file is still there")
         #expect(b.replica.withNamespace { $0.node(ino)!.isPlaceholder })
         // Evicted while a reader streams it: it reads on, and the download stops when it closes.
-        reader = try b.fs.open(ino: ino, flags: O_RDONLY).handle
-        #expect(try read(b, reader, at: 0, count: 1 << 20) == Self.data.prefix(1 << 20))
+        reader = try setup.openReadingFirstMiB()
         #expect(try b.engine.evict(ino: ino) == false)
         // A pause longer than `idleStream` does not let the evicted file download.
         usleep(2_500_000)
@@ -316,8 +319,7 @@ import Glibc
         let setup = try OnFolderStore(self)
         defer { setup.cleanUp() }
         let (b, ino) = (setup.b, setup.ino)
-        var reader = try b.fs.open(ino: ino, flags: O_RDONLY).handle
-        #expect(try read(b, reader, at: 0, count: 1 << 20) == Self.data.prefix(1 << 20))
+        var reader = try setup.openReadingFirstMiB()
         setup.faulty.fail([.fetchBlob])
         let far = 15 * Self.chunk
         #expect(throws: UbiquityError.self) { try read(b, reader, at: far, count: 4096) }

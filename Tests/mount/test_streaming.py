@@ -187,6 +187,21 @@ def partial_bytes(dev) -> int:
     return sum(p.stat().st_blocks * 512 for p in dev.data_home.rglob("*.part") if p.is_file())
 
 
+def stream(dev, rel: str, data: bytes) -> int:
+    """Read placeholder `rel` on `dev` through, 1 MiB at a time (it must not be
+    downloaded yet, and must read as `data`); the most bytes `dev`'s partial
+    downloads held on disk meanwhile."""
+    got = bytearray()
+    written = []
+    with open(dev.mountpoint / rel, "rb", buffering=0) as f:
+        assert fresh_blocks(dev.mountpoint / rel) == 0, f"{rel} was downloaded already: nothing measured"
+        while part := f.read(MiB):
+            got += part
+            written.append(partial_bytes(dev))
+    assert bytes(got) == data, f"{rel} on {dev.name} differs from the original ({len(got)} bytes read)"
+    return max(written)
+
+
 @folder_store_only("chunks are held in memory for a stream only where fetching again is cheap (a folder store)")
 def test_a_stream_is_served_from_memory_and_downloaded_after_it(make_device):
     """On a folder store (cheap to fetch from again), B streams a placeholder
@@ -204,16 +219,9 @@ def test_a_stream_is_served_from_memory_and_downloaded_after_it(make_device):
     listed_on(b, "movie.bin", size)
     listed_on(b, "other.bin", size)
 
-    got = bytearray()
-    written = []
-    with open(b.mountpoint / "movie.bin", "rb", buffering=0) as f:
-        assert fresh_blocks(b.mountpoint / "movie.bin") == 0, "movie.bin was downloaded already: nothing measured"
-        while part := f.read(MiB):
-            got += part
-            written.append(partial_bytes(b))
-    assert bytes(got) == data, f"movie.bin on B differs from A's ({len(got)} bytes read)"
-    print(f"movie.bin: at most {max(written) / MiB:.1f} MiB in B's partial file while it streamed")
-    assert max(written) == 0, f"{max(written) / MiB:.1f} MiB of the stream written to B's cache while B read it"
+    written = stream(b, "movie.bin", data)
+    print(f"movie.bin: at most {written / MiB:.1f} MiB in B's partial file while it streamed")
+    assert written == 0, f"{written / MiB:.1f} MiB of the stream written to B's cache while B read it"
     eventually(lambda: fresh_blocks(b.mountpoint / "movie.bin") > 0 or (_ for _ in ()).throw(AssertionError("placeholder")),
                SYNC_TIMEOUT, what="movie.bin downloaded on B after the stream closed")
     assert read(b.mountpoint / "movie.bin") == data, "movie.bin downloaded on B differs from A's"
@@ -249,15 +257,7 @@ def test_a_stream_from_a_folder_store_across_a_fuse_mount_is_written_as_it_arriv
         write(a.mountpoint / "movie.bin", data)
         wait_pushed(a, 120)
         listed_on(b, "movie.bin", size)
-        got = bytearray()
-        written = []
-        with open(b.mountpoint / "movie.bin", "rb", buffering=0) as f:
-            assert fresh_blocks(b.mountpoint / "movie.bin") == 0, "movie.bin was downloaded already: nothing measured"
-            while part := f.read(MiB):
-                got += part
-                written.append(partial_bytes(b))
-        assert bytes(got) == data, f"movie.bin on B differs from A's ({len(got)} bytes read)"
-        assert max(written) > 0, "nothing reached B's partial file while it streamed: the chunks were held"
+        assert stream(b, "movie.bin", data) > 0, "nothing reached B's partial file while it streamed: the chunks were held"
         eventually(lambda: fresh_blocks(b.mountpoint / "movie.bin") > 0 or (_ for _ in ()).throw(AssertionError("placeholder")),
                    SYNC_TIMEOUT, what="movie.bin downloaded on B after the stream closed")
         assert read(b.mountpoint / "movie.bin") == data, "movie.bin downloaded on B differs from A's"
