@@ -390,7 +390,7 @@ extension FileSystem {
             if file.writable { writerLeft(file.ino, in: &ns) }
             return ns.dropIfUnreferenced(file.ino)
         }
-        if dropped { Glibc.unlink(replica.cachePath(file.ino)) }
+        if dropped { replica.removeCacheFile(file.ino) }
         if file.writable { try commit() }
     }
 

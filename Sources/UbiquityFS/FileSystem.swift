@@ -185,7 +185,7 @@ public final class FileSystem: Sendable {
             ns.updateRuntime(ino) { $0.lookups = node.lookups >= count ? node.lookups - count : 0 }
             return ns.dropIfUnreferenced(ino)
         }
-        if dropped { Glibc.unlink(replica.cachePath(ino)) }
+        if dropped { replica.removeCacheFile(ino) }
     }
 
     public func getattr(ino: UInt64) throws -> Attributes {
@@ -369,7 +369,7 @@ public final class FileSystem: Sendable {
         } catch {
             if let fd, let reserved {
                 close(fd)
-                Glibc.unlink(replica.cachePath(reserved))
+                replica.removeCacheFile(reserved)
             }
             throw error
         }
@@ -459,7 +459,7 @@ public final class FileSystem: Sendable {
             ns.update(parent) { $0.mtime = now; $0.ctime = now }
             return ns.dropIfUnreferenced(ino) ? ino : nil
         }
-        if let dropped { Glibc.unlink(replica.cachePath(dropped)) }
+        if let dropped { replica.removeCacheFile(dropped) }
     }
 
     public func rename(parent: UInt64, name: FileName, newParent: UInt64, newName: FileName, flags: RenameFlags) throws {
@@ -514,7 +514,7 @@ public final class FileSystem: Sendable {
             if let replaced, ns.dropIfUnreferenced(replaced) { return replaced }
             return nil
         }
-        if let dropped { Glibc.unlink(replica.cachePath(dropped)) }
+        if let dropped { replica.removeCacheFile(dropped) }
     }
 
     /// Whether `ancestor` is `ino` or one of its ancestors (directories have one entry).

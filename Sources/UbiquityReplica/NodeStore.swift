@@ -110,7 +110,7 @@ final class NodeStore: @unchecked Sendable {
     func slot(of ino: UInt64) -> Int? {
         guard !inoBuckets.isEmpty, ino != 0 else { return nil }
         let capacity = inoBuckets.count
-        var b = Int(ino % UInt64(capacity))
+        var b = Self.home(ofIno: ino, capacity)
         while true {
             let value = inoBuckets[b]
             if value == 0 { return nil }
@@ -120,7 +120,18 @@ final class NodeStore: @unchecked Sendable {
         }
     }
 
-    private func inoHome(_ value: UInt32, _ capacity: Int) -> Int { Int(ino(atSlot: Int(value - 1)) % UInt64(capacity)) }
+    /// The bucket where the search for `ino` starts. Inode numbers are given
+    /// out in order, so they are mixed first (Fibonacci hashing): with the
+    /// number itself modulo the capacity, consecutive live numbers filled
+    /// runs of consecutive buckets, and a removal (which moves the rest of
+    /// its cluster back) or a new number whose home fell inside a run walked
+    /// thousands of buckets (see DESIGN.md, "Memory at a million items").
+    @inline(__always)
+    static func home(ofIno ino: UInt64, _ capacity: Int) -> Int {
+        Int((ino &* 0x9E37_79B9_7F4A_7C15).multipliedFullWidth(by: UInt64(capacity)).high)
+    }
+
+    private func inoHome(_ value: UInt32, _ capacity: Int) -> Int { Self.home(ofIno: ino(atSlot: Int(value - 1)), capacity) }
 
     private func insertIno(slot: Int) {
         if (count + 1) * 5 > inoBuckets.count * 4 {
@@ -128,12 +139,12 @@ final class NodeStore: @unchecked Sendable {
             inoBuckets = [UInt32](repeating: 0, count: max(64, (count + 1) * 8 / 5))
             for value in old where value != 0 { Probe.insert(&inoBuckets, value, home: inoHome(value, inoBuckets.count)) }
         }
-        Probe.insert(&inoBuckets, UInt32(slot + 1), home: Int(ino(atSlot: slot) % UInt64(inoBuckets.count)))
+        Probe.insert(&inoBuckets, UInt32(slot + 1), home: Self.home(ofIno: ino(atSlot: slot), inoBuckets.count))
     }
 
     private func removeIno(slot: Int) {
         let capacity = inoBuckets.count
-        var b = Int(ino(atSlot: slot) % UInt64(capacity))
+        var b = Self.home(ofIno: ino(atSlot: slot), capacity)
         while inoBuckets[b] != UInt32(slot + 1) {
             b += 1
             if b == capacity { b = 0 }

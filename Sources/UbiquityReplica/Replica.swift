@@ -11,7 +11,8 @@ import Glibc
 /// Layout under `$XDG_DATA_HOME/ubiquityfs/replicas/STORE-ID/CONTAINER/`:
 /// `index.log` (the operation log, see `OperationLog`), `index.sqlite` (+ WAL),
 /// `cache/XX/INO` (content by inode number),
-/// `cache/BUCKET/INO.VERSION.part` (downloads in progress), `reserve` (space
+/// `cache/BUCKET/INO.VERSION.part` (downloads in progress), `spare/N` (emptied
+/// cache files for new files to take, see `SpareCacheFiles`), `reserve` (space
 /// set aside, see `SpaceReserve`), `daemon.log`, `lock`.
 ///
 /// **Changes and the index.** A change the user makes (a new item, a move,
@@ -49,6 +50,7 @@ public final class Replica: Sendable {
     let lockFD: Int32
     let lockReleased = Mutex(false)
     let reserve: SpaceReserve
+    let spares: SpareCacheFiles
     /// Past this size the operation log's current segment is emptied or rotated.
     let logSegmentSize: Int
     /// Content I/O of the programs using the mount, which pushing gives way to.
@@ -86,6 +88,7 @@ public final class Replica: Sendable {
 
         try? fm.createDirectory(at: cacheDirectory, withIntermediateDirectories: true)
         Self.makePrivate(cacheDirectory.path, mode: 0o700)
+        spares = SpareCacheFiles(directoryPath: directory.appendingPathComponent("spare").path)
 
         do {
             reserve = try SpaceReserve(path: directory.appendingPathComponent("reserve").path)
@@ -96,7 +99,7 @@ public final class Replica: Sendable {
             Self.makePrivate(log.path, mode: 0o600)
             replayedRecords = try Self.replay(log, into: index, reserve: reserve)
             var ns = try index.load()
-            Self.recover(&ns, cacheDirectory: cacheDirectory, rootOwner: rootOwner)
+            Self.recover(&ns, cacheDirectory: cacheDirectory, rootOwner: rootOwner, spares: spares)
             Self.removeOrphanedCacheFiles(ns, cacheDirectory: cacheDirectory)
             namespace = Mutex(ns)
         } catch {
@@ -202,7 +205,8 @@ public final class Replica: Sendable {
     }
 
     /// Bring a freshly loaded namespace to a consistent state after a crash.
-    static func recover(_ ns: inout Namespace, cacheDirectory: URL, rootOwner: (uid: UInt32, gid: UInt32)) {
+    static func recover(_ ns: inout Namespace, cacheDirectory: URL, rootOwner: (uid: UInt32, gid: UInt32),
+                        spares: SpareCacheFiles) {
         if ns.node(Namespace.rootIno) == nil {
             var root = LocalNode(ino: Namespace.rootIno, id: .root, kind: .directory, mode: 0o755,
                                  uid: rootOwner.uid, gid: rootOwner.gid, time: .now())
@@ -243,7 +247,7 @@ public final class Replica: Sendable {
         }
         for ino in unlinked {
             ns.modifyNode(ino) { $0.unlinked = true }
-            if ns.dropIfUnreferenced(ino) { unlink(cachePath(cacheDirectory, ino)) }
+            if ns.dropIfUnreferenced(ino) { spares.retire(cachePath(cacheDirectory, ino)) }
         }
     }
 
@@ -384,9 +388,15 @@ public final class Replica: Sendable {
     /// The cache file holding the content of `ino`.
     public func cachePath(_ ino: UInt64) -> String { Self.cachePath(cacheDirectoryPath, ino) }
 
-    /// Create (or truncate) the cache file of `ino`, open for reading and writing.
+    /// Create (or truncate) the cache file of `ino`, open for reading and
+    /// writing: a spare moved into place when there is one.
     public func createCacheFile(_ ino: UInt64) throws -> Int32 {
         let path = cachePath(ino)
+        if spares.take(to: path) {
+            // Empty already: no O_TRUNC, which would mark it to be flushed at close (see `SpareCacheFiles`).
+            let fd = open(path, O_RDWR | O_CLOEXEC)
+            if fd >= 0 { return fd }
+        }
         var fd = open(path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
         if fd < 0 && errno == ENOENT {
             mkdir((path as NSString).deletingLastPathComponent, 0o700)
@@ -398,6 +408,12 @@ public final class Replica: Sendable {
                                 "create cache file \(path): \(String(cString: strerror(code)))")
         }
         return fd
+    }
+
+    /// Remove the cache file of `ino`, a node just dropped (nothing uses it):
+    /// it is kept, empty, as a spare for a new file (`SpareCacheFiles`).
+    public func removeCacheFile(_ ino: UInt64) {
+        spares.retire(cachePath(ino))
     }
 
     /// Move a fully downloaded, verified file into place as the content of `ino`.

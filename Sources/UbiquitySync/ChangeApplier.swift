@@ -404,7 +404,7 @@ struct ChangeApplier {
             }
             ns.update(ino, local: false) { $0.unlinked = true; $0.nlink = 0 }
             changes.node(ino, contentChanged: true, in: ns)
-            ns.dropIfUnreferenced(ino)
+            if ns.dropIfUnreferenced(ino) { changes.dropped.append(ino) }
         }
     }
 

@@ -76,6 +76,7 @@ extension SyncEngine {
         status.withLock { s in s.lastSync = Date(); s.storeReachable = true }
         if !all.isEmpty, let observer = observer.withLock({ $0 }) { observer.replicaChanged(all) }
         for ino in all.refresh { startDownload(ino: ino, background: true) }
+        for ino in all.dropped { replica.removeCacheFile(ino) }
         if let unrecorded { throw unrecorded }
         return all
     }
@@ -92,6 +93,9 @@ public struct ReplicaChanges: Sendable {
     public var nodes: [UInt64: Bool] = [:]   // ino → content changed
     /// Files whose local content was replaced by a newer remote version.
     public var refresh: [UInt64] = []
+    /// Nodes gone for good (deleted elsewhere, unknown to the kernel): their
+    /// cache files are removed once the pull is recorded.
+    public var dropped: [UInt64] = []
     public var count = 0                      // every change applied, cached or not
 
     public var isEmpty: Bool { count == 0 }
@@ -112,6 +116,7 @@ public struct ReplicaChanges: Sendable {
         entries += other.entries
         nodes.merge(other.nodes) { $0 || $1 }
         refresh += other.refresh
+        dropped += other.dropped
         count += other.count
     }
 }

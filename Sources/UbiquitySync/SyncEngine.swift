@@ -558,7 +558,7 @@ public final class SyncEngine: Sendable {
             for (key, change) in batch.entries { ns.entryPushed(key, change: change) }
             return dropped
         }
-        for ino in dropped { unlink(replica.cachePath(ino)) }
+        for ino in dropped { replica.removeCacheFile(ino) }
         // The store has the change set: recording that is bookkeeping (may use the
         // space reserve). If it still fails, the record stays queued; after a
         // restart the same state is pushed again, which is harmless.

@@ -196,6 +196,60 @@ import UbiquityStore
         }
     }
 
+    /// Inode numbers are given out in order and never again: a mount where
+    /// files come and go (a clone, then `rm -rf` of the one before) has live
+    /// numbers spread over many times its table. Finding a node, or finding
+    /// that a new number is not there yet (once per new node), still looks at
+    /// a few buckets only.
+    @Test func lookupsAndRemovalsStayShortAfterFilesCameAndWent() {
+        let store = NodeStore()
+        var next: UInt64 = 2
+        var previous: [UInt64] = []
+        var worst = 0.0
+        var worstRemoval = 0.0
+        /// Buckets looked at to find `ino` or that it is not there.
+        func cost(_ ino: UInt64) -> Int {
+            var b = NodeStore.home(ofIno: ino, store.inoBuckets.count)
+            var looked = 1
+            while store.inoBuckets[b] != 0, store.ino(atSlot: Int(store.inoBuckets[b] - 1)) != ino {
+                looked += 1
+                b = (b + 1) % store.inoBuckets.count
+            }
+            return looked
+        }
+        /// Buckets from `ino`'s to the end of its cluster: what removing it walks (moving later members back).
+        func clusterAfter(_ ino: UInt64) -> Int {
+            var b = NodeStore.home(ofIno: ino, store.inoBuckets.count)
+            var walked = 0
+            while store.inoBuckets[b] != 0 {
+                walked += 1
+                b = (b + 1) % store.inoBuckets.count
+            }
+            return walked
+        }
+        for _ in 0..<40 {
+            var round: [UInt64] = []
+            for _ in 0..<3_000 {
+                store.set(LocalNode(ino: next, id: .random(), kind: .file, mode: 0o100644, uid: 0, gid: 0, time: .now()))
+                round.append(next)
+                next += 1
+            }
+            let live = previous + round
+            let total = live.reduce(0) { $0 + cost($1) } + (next..<(next + 1_000)).reduce(0) { $0 + cost($1) }
+            worst = max(worst, Double(total) / Double(live.count + 1_000))
+            worstRemoval = max(worstRemoval, Double(previous.reduce(0) { $0 + clusterAfter($1) }) / Double(max(1, previous.count)))
+            for ino in previous { store.remove(ino) }
+            previous = round
+        }
+        #expect(store.count == 3_000)
+        for ino in previous { #expect(store.node(ino)?.ino == ino) }
+        // Load at most 0.8: a few buckets on average for a random placement.
+        #expect(worst < 10, "\(worst) buckets per lookup on average")
+        // About 1/(1 - load)² for a random placement; with the number modulo
+        // the capacity, consecutive numbers made clusters of thousands.
+        #expect(worstRemoval < 100, "\(worstRemoval) buckets per removal on average")
+    }
+
     /// A copy of a namespace does not see changes made to the original, nor the other way round.
     @Test func copiesAreIndependent() {
         var a = Namespace()

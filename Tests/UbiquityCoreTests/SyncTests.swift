@@ -32,6 +32,26 @@ import Glibc
         #expect(try b.fs.getattr(ino: try b.resolve("2.txt")).nlink == 2)
     }
 
+    /// A file deleted on another device, which this device had downloaded and
+    /// the kernel does not know, leaves no cache file behind when pulled.
+    @Test func aFileDeletedElsewhereLeavesNoCacheFileBehind() throws {
+        let store = InMemoryStore()
+        let a = try TestDevice(store: store, name: "a")
+        let b = try TestDevice(store: store, name: "b")
+        defer { a.cleanUp(); b.cleanUp() }
+        try a.write("f", "content")
+        try a.engine.drain(progress: { _, _ in })
+        try b.engine.pull()
+        let ino = try #require(b.replica.withNamespace { $0.lookup(Namespace.rootIno, "f") })
+        try b.engine.download(ino: ino)
+        #expect(FileManager.default.fileExists(atPath: b.replica.cachePath(ino)))
+        try a.fs.unlink(parent: Namespace.rootIno, name: "f")
+        try a.engine.drain(progress: { _, _ in })
+        try b.engine.pull()
+        #expect(b.replica.withNamespace { $0.node(ino) } == nil)
+        #expect(!FileManager.default.fileExists(atPath: b.replica.cachePath(ino)))
+    }
+
     @Test func aBurstLargerThanOneChangeSetArrivesWhole() throws {
         let store = InMemoryStore()
         let a = try TestDevice(store: store, name: "a")
