@@ -126,16 +126,21 @@ class CacheStat(ctypes.Structure):
     _fields_ = [(name, ctypes.c_uint64) for name in ("cache", "dirty", "writeback", "evicted", "recently_evicted")]
 
 
-def cached_pages(fd: int, offset: int, length: int) -> int:
-    """Pages of `fd`'s range in the page cache: cachestat(2) (Linux 6.5), on the
-    reader's own descriptor (a new open may drop the cache)."""
+def cache_stat(fd: int, offset: int, length: int) -> CacheStat:
+    """cachestat(2) (Linux 6.5) of `fd`'s range, on the reader's own descriptor
+    (a new open may drop the cache)."""
     rng = (ctypes.c_uint64 * 2)(offset, length)
     stat = CacheStat()
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.syscall(451, fd, ctypes.byref(rng), ctypes.byref(stat), 0) != 0:
         err = ctypes.get_errno()
         pytest.skip(f"cachestat(2): {os.strerror(err)}")
-    return stat.cache
+    return stat
+
+
+def cached_pages(fd: int, offset: int, length: int) -> int:
+    """Pages of `fd`'s range in the page cache."""
+    return cache_stat(fd, offset, length).cache
 
 
 def test_a_streamed_placeholder_is_not_cached_twice(make_device):
@@ -176,8 +181,16 @@ def test_a_streamed_placeholder_is_not_cached_twice(make_device):
         offsets = [rng.randrange(0, size - 4096) & ~4095 for _ in range(64)]
         for at in offsets:
             assert os.pread(fd, 4096, at) == data[::-1][at:at + 4096], f"jumps.bin at {at} differs from A's"
-        dropped = [at for at in offsets if cached_pages(fd, at, 4096) == 0]
+        # A page the kernel reclaimed (memory pressure, not this daemon) leaves a
+        # shadow entry, which cachestat counts as evicted; one the daemon had
+        # dropped (fuse_lowlevel_notify_inval_inode) leaves none.
+        gone = [(at, cache_stat(fd, at, 4096)) for at in offsets]
+        dropped = [at for at, st in gone if st.cache == 0 and st.evicted == 0]
+        reclaimed = [at for at, st in gone if st.cache == 0 and st.evicted > 0]
+        if reclaimed:
+            print(f"jumps.bin: {len(reclaimed)} of {len(offsets)} pages reclaimed by the kernel: {reclaimed[:5]}")
         assert not dropped, f"a reader jumping about lost its cached pages at {dropped[:5]}"
+        assert len(reclaimed) <= len(offsets) // 8, f"{len(reclaimed)} of {len(offsets)} pages reclaimed: {reclaimed[:5]}"
     finally:
         os.close(fd)
 
