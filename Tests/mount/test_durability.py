@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import os
 import random
+import shutil
 import signal
 import subprocess
 from pathlib import Path
@@ -265,6 +266,57 @@ def test_kill9_right_after_a_burst_of_metadata_changes(make_device):
     replayed = [line for p in Path(a.data_home).glob("ubiquityfs/replicas/*/daemon.log")
                 for line in p.read_text(errors="replace").splitlines() if "replayed them" in line]
     assert not d, f"after kill -9 the tree differs from what was acknowledged ({replayed}):\n{d}"
+
+
+def spare_cache_files(dev) -> list[Path]:
+    """The emptied cache files a device keeps for new files (the replica's `spare/`)."""
+    return [p for d in Path(dev.data_home).glob("ubiquityfs/replicas/*/*/spare") for p in d.iterdir()]
+
+
+def cache_file_inodes(dev) -> set[int]:
+    return {p.stat().st_ino for p in Path(dev.data_home).glob("ubiquityfs/replicas/*/*/cache/*/*")
+            if p.is_file()}
+
+
+def test_new_files_take_the_emptied_cache_files_of_removed_ones(make_device):
+    """Files removed (their removal pushed) leave their cache files, emptied, for
+    the next new files: creates after an `rm -rf` allocate no inode on the
+    replica's disk. The new files hold their own bytes only, after kill -9 and
+    a remount too, and another device gets them right."""
+    from test_sync import wait_pushed
+    a = make_device("a")
+    old = {f"old/f{i:03d}": os.urandom(5000 + i) for i in range(40)}
+    (a.mountpoint / "old").mkdir()
+    for rel, data in old.items():
+        (a.mountpoint / rel).write_bytes(data)
+    wait_pushed(a)
+    assert spare_cache_files(a) == [], "spares before anything was removed"
+    shutil.rmtree(a.mountpoint / "old")
+    wait_pushed(a)
+    wait_until(lambda: len(spare_cache_files(a)) == 40, 10)
+    spares = spare_cache_files(a)
+    assert len(spares) == 40, f"{len(spares)} spares after removing 40 pushed files"
+    assert all(p.stat().st_size == 0 for p in spares), "a spare still holds bytes"
+    spare_inodes = {p.stat().st_ino for p in spares}
+
+    (a.mountpoint / "new").mkdir()
+    new = {f"new/g{i:03d}": os.urandom(100 + i) for i in range(40)}
+    for rel, data in new.items():
+        (a.mountpoint / rel).write_bytes(data)
+    assert spare_cache_files(a) == [], "new files did not take the spares"
+    assert spare_inodes <= cache_file_inodes(a), "the new files' cache files are not the spares"
+    for rel, data in new.items():
+        assert (a.mountpoint / rel).read_bytes() == data, f"{rel} is not what was written"
+    a.kill9()
+
+    a.mount()
+    for rel, data in new.items():
+        assert (a.mountpoint / rel).read_bytes() == data, f"{rel} after kill -9 is not what was written"
+    wait_pushed(a)
+    b = make_device("b")
+    for rel, data in new.items():
+        assert wait_until(lambda: (b.mountpoint / rel).exists(), 30), f"{rel} never reached b"
+        assert (b.mountpoint / rel).read_bytes() == data, f"{rel} on b is not what a wrote"
 
 
 def test_kill9_right_after_closing_new_files_keeps_their_content_and_times(make_device):
