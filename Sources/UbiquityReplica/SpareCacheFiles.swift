@@ -7,8 +7,8 @@ import Glibc
 /// Emptied cache files kept for new files to take, so a burst of creates
 /// after a burst of deletes costs no inode allocation on the replica's disk.
 ///
-/// The cache file of a node that is gone is emptied (`truncate` to 0) and
-/// moved into `spare/` under a number of its own (`retire`), up to `limit`
+/// The cache file of a node that is gone is emptied (`empty`) and moved
+/// into `spare/` under a number of its own (`retire`), up to `limit`
 /// files; past that it is unlinked. A new file's cache file is a spare
 /// moved into place (`take`), or a new one when none is left.
 ///
