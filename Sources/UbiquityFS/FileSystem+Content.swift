@@ -20,6 +20,8 @@ struct HandleTable: Sendable {
         var streamingVersion: String?
         /// A streaming reader's run: what the kernel may drop behind it.
         var run = StreamedRun()
+        /// A reader's run through local content: what to ask the disk for ahead of it.
+        var ahead = SequentialReads()
     }
 
     struct Listing: Sendable {
@@ -80,6 +82,47 @@ struct StreamedRun: Sendable {
         guard upTo - passedUpTo >= Self.step else { return nil }
         defer { passedUpTo = upTo }
         return passedUpTo..<upTo
+    }
+}
+
+/// A reader reading local content on from where it stopped (give or take
+/// the kernel's read-ahead, whose requests arrive out of order on several
+/// threads), and what of the cache file to ask the disk for ahead of it
+/// (`POSIX_FADV_WILLNEED`). The FUSE threads reach the cache file's one
+/// descriptor out of order, and the kernel then keeps its own read-ahead
+/// for it small: a cold sequential read of a pushed 512 MiB file ran at
+/// 740–745 MiB/s, bindfs (one thread) at 1,367–1,849; asking 8 MiB ahead,
+/// at 1,364–1,578. A random reader never builds a run and asks for nothing.
+struct SequentialReads: Sendable {
+    /// How far ahead of the furthest byte read the disk is asked to be.
+    static let ahead: Int64 = 8 << 20
+    /// Asked for at least this much at a time (one system call each).
+    static let step: Int64 = 2 << 20
+    /// A run this long is a sequential reader (two random reads that happen
+    /// to fall close together are not).
+    static let minimum: Int64 = 4 << 20
+
+    var end: Int64 = 0
+    var length: Int64 = 0
+    /// Where the disk was asked to read up to.
+    var askedUpTo: Int64 = 0
+
+    /// Note a read; the range to ask the disk for now, if any.
+    mutating func read(offset: Int64, size: Int) -> Range<Int64>? {
+        let readEnd = offset + Int64(size)
+        if offset < end - StreamedRun.slack || offset > end + StreamedRun.slack {   // a new run
+            end = readEnd
+            length = Int64(size)
+            askedUpTo = readEnd
+            return nil
+        }
+        end = max(end, readEnd)
+        length += Int64(size)
+        let from = max(askedUpTo, end)
+        let upTo = end + Self.ahead
+        guard length >= Self.minimum, upTo - from >= Self.step else { return nil }
+        askedUpTo = upTo
+        return from..<upTo
     }
 }
 
@@ -288,7 +331,12 @@ extension FileSystem {
     public func read(handle: UInt64, offset: Int64, size: Int) throws -> ReadReply {
         let file = try openFileFor(handle)
         replica.foreground.noteIO()
-        guard let total = file.streamingSize else { return .fileRange(fd: file.fd, offset: offset, size: size) }
+        guard let total = file.streamingSize else {
+            if let range = handles.withLock({ $0.files[handle]?.ahead.read(offset: offset, size: size) }) {
+                _ = posix_fadvise(file.fd, off_t(range.lowerBound), off_t(range.count), POSIX_FADV_WILLNEED)
+            }
+            return .fileRange(fd: file.fd, offset: offset, size: size)
+        }
         let end = min(total, UInt64(offset) + UInt64(size))
         var held: [PinnedBytes] = []
         if UInt64(offset) < total {
