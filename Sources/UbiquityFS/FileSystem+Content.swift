@@ -40,8 +40,34 @@ struct HandleTable: Sendable {
     }
 }
 
-/// The sequential run of one reader of a placeholder, and how much of it
-/// the kernel may forget.
+/// One reader's run: reads that each start where the last ended, give or
+/// take the kernel's read-ahead, whose requests arrive out of order on
+/// several threads. A read further than `slack` from the run's end begins
+/// a new run.
+struct ReadRun: Sendable {
+    /// How far out of order a read may be and still continue the run.
+    static let slack: Int64 = 2 << 20
+
+    /// Where the run began, and the furthest byte of it read so far.
+    private(set) var start: Int64 = 0
+    private(set) var end: Int64 = 0
+
+    var length: Int64 { end - start }
+
+    /// Note a read; false if it began a new run.
+    mutating func extend(offset: Int64, size: Int) -> Bool {
+        let readEnd = offset + Int64(size)
+        guard offset >= end - Self.slack && offset <= end + Self.slack else {
+            (start, end) = (offset, readEnd)
+            return false
+        }
+        end = max(end, readEnd)
+        return true
+    }
+}
+
+/// A streaming reader of a placeholder, and how much of its run the kernel
+/// may forget.
 ///
 /// The kernel caches a placeholder's bytes for the mounted file as the
 /// reader gets them, although the daemon can serve them again (from the
@@ -49,50 +75,36 @@ struct HandleTable: Sendable {
 /// fetches again). Behind a reader that streams, the pages it passed are
 /// given back, so the rest of the stream reuses warm memory instead of
 /// touching fresh (dear on a VM whose host takes back free memory:
-/// DESIGN.md, "Chunked content", has the figures).
-///
-/// Only a run counts: reads that each start where the last ended (give or
-/// take the kernel's read-ahead, whose requests arrive out of order on
-/// several threads). A random reader never builds a run longer than `lag`
-/// and drops nothing.
+/// DESIGN.md, "Chunked content", has the figures). A random reader never
+/// builds a run longer than `lag` and drops nothing.
 struct StreamedRun: Sendable {
     /// Kept behind the furthest byte read: what the kernel's read-ahead and
     /// a reader that steps back a little still use.
     static let lag: Int64 = 16 << 20
     /// Given back at a time (one notification to the kernel each).
     static let step: Int64 = 8 << 20
-    /// How far out of order a read may be and still continue the run.
-    static let slack: Int64 = 2 << 20
 
-    /// The furthest byte of the run read so far.
-    var end: Int64 = 0
+    var run = ReadRun()
     /// Where the part not dropped yet begins (at first, where the run began).
     var passedUpTo: Int64 = 0
 
     /// Note a read; the range the kernel may drop now, if any.
     mutating func read(offset: Int64, size: Int) -> Range<Int64>? {
-        let readEnd = offset + Int64(size)
-        if offset < end - Self.slack || offset > end + Self.slack {   // a new run
-            end = readEnd
-            passedUpTo = offset
-        } else {
-            end = max(end, readEnd)
-        }
-        let upTo = (end - Self.lag) / Self.step * Self.step
+        if !run.extend(offset: offset, size: size) { passedUpTo = offset }
+        let upTo = (run.end - Self.lag) / Self.step * Self.step
         guard upTo - passedUpTo >= Self.step else { return nil }
         defer { passedUpTo = upTo }
         return passedUpTo..<upTo
     }
 }
 
-/// A reader reading local content on from where it stopped (give or take
-/// the kernel's read-ahead, whose requests arrive out of order on several
-/// threads), and what of the cache file to ask the disk for ahead of it
-/// (`POSIX_FADV_WILLNEED`). The FUSE threads reach the cache file's one
-/// descriptor out of order, and the kernel then keeps its own read-ahead
-/// for it small: a cold sequential read of a pushed 512 MiB file ran at
-/// 740–745 MiB/s, bindfs (one thread) at 1,367–1,849; asking 8 MiB ahead,
-/// at 1,364–1,578. A random reader never builds a run and asks for nothing.
+/// A reader reading local content on from where it stopped, and what of
+/// the cache file to ask the disk for ahead of it (`POSIX_FADV_WILLNEED`).
+/// The FUSE threads reach the cache file's one descriptor out of order,
+/// and the kernel then keeps its own read-ahead for it small: a cold
+/// sequential read of a pushed 512 MiB file ran at 740–745 MiB/s, bindfs
+/// (one thread) at 1,367–1,849; asking 8 MiB ahead, at 1,364–1,578. A
+/// random reader never builds a run and asks for nothing.
 struct SequentialReads: Sendable {
     /// How far ahead of the furthest byte read the disk is asked to be.
     static let ahead: Int64 = 8 << 20
@@ -102,25 +114,19 @@ struct SequentialReads: Sendable {
     /// to fall close together are not).
     static let minimum: Int64 = 4 << 20
 
-    var end: Int64 = 0
-    var length: Int64 = 0
+    var run = ReadRun()
     /// Where the disk was asked to read up to.
     var askedUpTo: Int64 = 0
 
     /// Note a read; the range to ask the disk for now, if any.
     mutating func read(offset: Int64, size: Int) -> Range<Int64>? {
-        let readEnd = offset + Int64(size)
-        if offset < end - StreamedRun.slack || offset > end + StreamedRun.slack {   // a new run
-            end = readEnd
-            length = Int64(size)
-            askedUpTo = readEnd
+        guard run.extend(offset: offset, size: size) else {
+            askedUpTo = run.end
             return nil
         }
-        end = max(end, readEnd)
-        length += Int64(size)
-        let from = max(askedUpTo, end)
-        let upTo = end + Self.ahead
-        guard length >= Self.minimum, upTo - from >= Self.step else { return nil }
+        let from = max(askedUpTo, run.end)
+        let upTo = run.end + Self.ahead
+        guard run.length >= Self.minimum, upTo - from >= Self.step else { return nil }
         askedUpTo = upTo
         return from..<upTo
     }
@@ -329,11 +335,16 @@ extension FileSystem {
     }
 
     public func read(handle: UInt64, offset: Int64, size: Int) throws -> ReadReply {
-        let file = try openFileFor(handle)
+        // One look at the table: the file, and for local content the run's read-ahead.
+        guard let (file, ahead) = handles.withLock({ table -> (HandleTable.OpenFile, Range<Int64>?)? in
+            guard let file = table.files[handle] else { return nil }
+            guard file.streamingSize == nil else { return (file, nil) }
+            return (file, table.files[handle]!.ahead.read(offset: offset, size: size))
+        }) else { throw UbiquityError(EBADF) }
         replica.foreground.noteIO()
         guard let total = file.streamingSize else {
-            if let range = handles.withLock({ $0.files[handle]?.ahead.read(offset: offset, size: size) }) {
-                _ = posix_fadvise(file.fd, off_t(range.lowerBound), off_t(range.count), POSIX_FADV_WILLNEED)
+            if let ahead {
+                _ = posix_fadvise(file.fd, off_t(ahead.lowerBound), off_t(ahead.count), POSIX_FADV_WILLNEED)
             }
             return .fileRange(fd: file.fd, offset: offset, size: size)
         }

@@ -74,8 +74,10 @@ final class SpareCacheFiles: Sendable {
             unlink(path)
             return
         }
-        let kept = Self.empty(path) && rename(path, self.path(name)) == 0
-        if !kept { unlink(path) }
+        // No file (a directory's or a symlink's node has none): nothing to unlink either.
+        let opened = Self.empty(path)
+        let kept = opened == 0 && rename(path, self.path(name)) == 0
+        if !kept && opened != ENOENT { unlink(path) }
         state.withLock { s in
             s.retiring -= 1
             if kept { s.names.append(name) }
@@ -88,11 +90,12 @@ final class SpareCacheFiles: Sendable {
     /// without `fsync`), which this close clears. With `truncate(2)` the mark
     /// stayed, and every file made from a spare was flushed to the disk in
     /// the `release` of its first writer.
-    private static func empty(_ path: String) -> Bool {
+    /// 0, or the `open`'s errno.
+    private static func empty(_ path: String) -> Int32 {
         let fd = open(path, O_WRONLY | O_TRUNC | O_CLOEXEC)
-        guard fd >= 0 else { return false }
+        guard fd >= 0 else { return errno }
         close(fd)
-        return true
+        return 0
     }
 
     /// Move a spare to `path` (making its directory if needed); false when

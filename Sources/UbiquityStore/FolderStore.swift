@@ -429,10 +429,27 @@ public final class FolderStore: Store {
         }
     }
 
-    /// A blob that fits a `ChunkBuffer` read into one (one window), verified.
+    /// A blob that fits a `ChunkBuffer` read into one (one window),
+    /// verified: hashed whole, paired with another worker's chunk where one
+    /// is ready or on its way (`HashPairs`).
     public func readBlob(_ hash: String, size: Int, into buffer: UnsafeMutableRawPointer) throws {
         guard size <= ChunkBuffer.size else { throw UbiquityError(EINVAL, "blob \(hash) does not fit a chunk buffer") }
-        try readVerified(hash, size: size, through: buffer) { _, _ in }
+        let pairs = HashPairs.shared
+        pairs.expect()
+        var digest: String?
+        do {
+            try readWindows(hash, size: size, through: buffer) { _, count in
+                digest = pairs.digest(of: UnsafeRawBufferPointer(start: buffer, count: count))
+            }
+        } catch {
+            if digest == nil { pairs.cancel() }
+            throw error
+        }
+        if digest == nil {   // an empty blob: no window
+            pairs.cancel()
+            digest = HashPairs.alone(UnsafeRawBufferPointer(start: buffer, count: 0))
+        }
+        guard digest == hash else { throw Self.damaged(hash) }
     }
 
     /// A folder store on a local filesystem (by `statfs`'s type: ext4, xfs,
@@ -480,6 +497,29 @@ public final class FolderStore: Store {
     /// blob); throws, after the last piece, if the blob is not `hash`.
     private func readVerified(_ hash: String, size: Int, through buffer: UnsafeMutableRawPointer,
                               piece body: (UnsafeRawBufferPointer, Int) throws -> Void) throws {
+        var hasher = ContentHasher()
+        try readWindows(hash, size: size, through: buffer) { window, count in
+            var at = 0
+            while at < count {
+                let piece = UnsafeRawBufferPointer(start: buffer + at, count: min(256 << 10, count - at))
+                hasher.update(piece)
+                try body(piece, window + at)
+                at += piece.count
+            }
+        }
+        guard hasher.finish() == hash else { throw Self.damaged(hash) }
+    }
+
+    static func damaged(_ hash: String) -> UbiquityError {
+        UbiquityError(EIO, "blob \(hash) in the store is damaged (its content does not match its name)")
+    }
+
+    /// Read blob `hash` into `buffer` a window (`ChunkBuffer.size`) at a
+    /// time, calling `each` with the window's offset and length once it is
+    /// there. A window the page cache holds whole (a blob another device on
+    /// this machine just wrote) is read from there; any other with `O_DIRECT`.
+    private func readWindows(_ hash: String, size: Int, through buffer: UnsafeMutableRawPointer,
+                             _ each: (_ window: Int, _ count: Int) throws -> Void) throws {
         try checkReachableForBlobs()
         let source = try openBlob(hash)
         defer { close(source) }
@@ -488,28 +528,16 @@ public final class FolderStore: Store {
         guard st.st_size == size else { throw UbiquityError(EIO, "blob \(hash) has the wrong size") }
         var direct: Int32?      // opened when the page cache lacks something
         defer { if let direct, direct >= 0 { close(direct) } }
-        var hasher = ContentHasher()
         var window = 0
         while window < size {
             let count = min(ChunkBuffer.size, size - window)
-            // A window the page cache holds whole (a blob another device on
-            // this machine just wrote) is read from there.
             let pages = (count + ChunkBuffer.alignment - 1) / ChunkBuffer.alignment
             if direct == nil && ubq_cached_pages(source, UInt(window), UInt(count)) < pages {
                 direct = open(blobPath(hash), O_RDONLY | O_CLOEXEC | ubq_o_direct())
             }
             try readBlob(hash, direct ?? -1, source, into: buffer, from: window, upTo: window + count)
-            var at = 0
-            while at < count {
-                let piece = UnsafeRawBufferPointer(start: buffer + at, count: min(256 << 10, count - at))
-                hasher.update(piece)
-                try body(piece, window + at)
-                at += piece.count
-            }
+            try each(window, count)
             window += count
-        }
-        guard hasher.finish() == hash else {
-            throw UbiquityError(EIO, "blob \(hash) in the store is damaged (its content does not match its name)")
         }
     }
 
@@ -565,7 +593,7 @@ public final class FolderStore: Store {
         }
         data.count = done
         guard ContentCopy.hash(of: data) == hash else {
-            throw UbiquityError(EIO, "blob \(hash) in the store is damaged (its content does not match its name)")
+            throw Self.damaged(hash)
         }
         return data
     }
