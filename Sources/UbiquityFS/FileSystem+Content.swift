@@ -242,7 +242,10 @@ extension FileSystem {
             close(fd)
             return nil
         }
-        guard writable else { return opened }
+        guard writable else {
+            prefetchSiblings(of: node)
+            return opened
+        }
         // The "changed" mark (and for a node the store has, the
         // "unacknowledged writes" mark) is committed before the open is
         // acknowledged, and before `O_TRUNC` touches the content.
@@ -260,6 +263,23 @@ extension FileSystem {
             throw error
         }
         return opened
+    }
+
+    /// A small file opened for reading: if its reader goes through the
+    /// directory in order, ask the disk for the next siblings (`SiblingPrefetch`).
+    func prefetchSiblings(of node: LocalNode) {
+        guard node.kind == .file, node.size <= SiblingPrefetch.largest else { return }
+        let inos: [UInt64] = replica.withNamespace { ns in
+            let directory = ns.entries(of: node.lastParent)
+            guard let range = siblingPrefetch.opened(node, in: directory) else { return [] }
+            return range.compactMap { position in
+                let ino = directory.ino(at: position)
+                guard let sibling = ns.node(ino), sibling.kind == .file, sibling.hasContent,
+                      sibling.size > 0, sibling.size <= SiblingPrefetch.largest else { return nil }
+                return ino
+            }
+        }
+        SiblingPrefetch.prefetch(inos.map { replica.cachePath($0) })
     }
 
     /// Open a placeholder for reading while it downloads. Nil if the

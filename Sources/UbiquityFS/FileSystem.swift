@@ -37,6 +37,7 @@ public final class FileSystem: Sendable {
     let hooks: any SyncHooks
     let options: FileSystemOptions
     let handles = Mutex(HandleTable())
+    let siblingPrefetch = SiblingPrefetch()
 
     public init(replica: Replica, hooks: any SyncHooks, options: FileSystemOptions = FileSystemOptions()) {
         self.replica = replica

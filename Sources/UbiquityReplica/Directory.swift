@@ -128,6 +128,14 @@ public struct Directory: Sequence, Sendable {
 
     // MARK: Finding
 
+    /// The position of the entry named `name` among the directory's entries:
+    /// the order they were added in, until one is removed (the last entry
+    /// then takes its place).
+    public func position(of name: FileName) -> Int? { position(of: name.bytes) }
+
+    /// The inode number of the entry at `position` (`position(of:)`).
+    public func ino(at position: Int) -> UInt64 { entries[position].ino }
+
     /// The position in `entries` of the entry named `bytes`.
     func position(of bytes: [UInt8]) -> Int? {
         if buckets.isEmpty {

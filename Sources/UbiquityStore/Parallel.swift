@@ -67,11 +67,11 @@ public enum Parallel {
 /// Threads that run `Parallel.map` work at one priority: at most `limit`,
 /// created when work waits and none is free, ended after `linger` seconds
 /// without work.
-final class HelperPool: Sendable {
+public final class HelperPool: Sendable {
     static let limit = 16
     static let linger: TimeInterval = 60
 
-    static let foreground = HelperPool(lowered: false)
+    public static let foreground = HelperPool(lowered: false)
     static let lowered = HelperPool(lowered: true)
 
     private struct State {
@@ -94,7 +94,7 @@ final class HelperPool: Sendable {
     }
 
     /// Queue `job` for `helpers` threads, starting threads up to the limit.
-    func run(_ job: @escaping @Sendable () -> Void, helpers: Int) {
+    public func run(_ job: @escaping @Sendable () -> Void, helpers: Int) {
         guard helpers > 0 else { return }
         condition.lock()
         defer { condition.unlock() }

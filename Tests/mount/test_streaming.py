@@ -425,3 +425,57 @@ def test_out_of_order_download_resumes_after_kill9(make_device):
     assert not bad, f"chunks {bad} of big.bin on B differ from A's after resuming"
     eventually(lambda: fresh_blocks(b.mountpoint / "big.bin") > 0 or (_ for _ in ()).throw(AssertionError("placeholder")),
                30, what="big.bin installed on B")
+
+
+def test_small_files_read_in_directory_order_have_the_next_ones_asked_of_the_disk(make_device):
+    """Cold small files opened one after another in the order they were added
+    to their directory: the daemon asks the disk for the next ones' cache
+    files before the reader gets to them (`SiblingPrefetch`). A reader that
+    jumps about has nothing asked for it. What is read is right either way."""
+    a = make_device("a")
+    src = a.mountpoint / "src"
+    src.mkdir()
+    files = [src / f"f{i:03d}" for i in range(60)]
+    contents = [os.urandom(8192) for _ in files]
+    for path, data in zip(files, contents):
+        path.write_bytes(data)
+    wait_pushed(a)
+    replicas = Path(a.data_home) / "ubiquityfs" / "replicas"
+
+    def cache_file(path: Path) -> Path:
+        found = list(replicas.glob(f"*/*/cache/*/{path.stat().st_ino}"))
+        assert len(found) == 1, f"cache file of {path.name}: {found}"
+        return found[0]
+
+    caches = [cache_file(p) for p in files]
+
+    def cached(i: int) -> int:
+        fd = os.open(caches[i], os.O_RDONLY)
+        try:
+            return cached_pages(fd, 0, 8192)
+        finally:
+            os.close(fd)
+
+    def drop_caches():
+        os.sync()
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+
+    # Jumping about: nothing after the files read is asked for.
+    drop_caches()
+    for i in (40, 10, 55, 25):
+        assert files[i].read_bytes() == contents[i]
+    time.sleep(1)
+    asked = [i for i in (41, 42, 11, 12, 56, 57, 26, 27) if cached(i)]
+    assert asked == [], f"a reader jumping about had files {asked} read ahead"
+
+    # In order: after two files, the next ones come from the disk before they are opened.
+    drop_caches()
+    assert files[0].read_bytes() == contents[0]
+    assert files[1].read_bytes() == contents[1]
+    ahead = range(2, 2 + 24)
+    eventually(lambda: sum(cached(i) == 2 for i in ahead) >= 20 or (_ for _ in ()).throw(
+        AssertionError(f"{sum(cached(i) == 2 for i in ahead)} of the next 24 cached")), 10,
+        what="the next files read ahead")
+    for path, data in zip(files, contents):
+        assert path.read_bytes() == data, f"{path.name} read back wrong"
