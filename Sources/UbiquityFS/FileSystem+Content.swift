@@ -359,7 +359,7 @@ extension FileSystem {
         guard let (file, ahead) = handles.withLock({ table -> (HandleTable.OpenFile, Range<Int64>?)? in
             guard let file = table.files[handle] else { return nil }
             guard file.streamingSize == nil else { return (file, nil) }
-            return (file, table.files[handle]!.ahead.read(offset: offset, size: size))
+            return (file, table.files[handle]?.ahead.read(offset: offset, size: size))
         }) else { throw UbiquityError(EBADF) }
         replica.foreground.noteIO()
         guard let total = file.streamingSize else {

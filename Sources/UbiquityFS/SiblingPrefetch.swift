@@ -42,24 +42,17 @@ final class SiblingPrefetch: Sendable {
     /// A leaf lock (taken inside the namespace lock, takes nothing itself).
     private let runs = Mutex<[Run]>([])
 
-    /// `node`, a local file, was opened for reading: the positions of its
-    /// siblings to ask for now, if any (the caller holds the namespace,
+    /// `node`, a small local file, was opened for reading: the positions of
+    /// its siblings to ask for now, if any (the caller holds the namespace,
     /// `directory` is the node's parent's listing).
     func opened(_ node: LocalNode, in directory: Directory) -> Range<Int>? {
-        guard node.size <= Self.largest, let position = directory.position(of: node.lastName) else { return nil }
+        guard let position = directory.position(of: node.lastName) else { return nil }
         let parent = node.lastParent
         return runs.withLock { runs -> Range<Int>? in
-            var run: Run
-            if let i = runs.firstIndex(where: { $0.parent == parent }) {
-                run = runs.remove(at: i)
-                if position == run.next {
-                    run.length += 1
-                } else {
-                    run = Run(parent: parent, next: 0, length: 1, askedUpTo: position + 1)
-                }
-            } else {
-                run = Run(parent: parent, next: 0, length: 1, askedUpTo: position + 1)
-            }
+            var run = runs.firstIndex(where: { $0.parent == parent }).map { runs.remove(at: $0) }
+                ?? Run(parent: parent, next: -1, length: 0, askedUpTo: 0)
+            if position != run.next { run = Run(parent: parent, next: -1, length: 0, askedUpTo: 0) }
+            run.length += 1
             run.next = position + 1
             run.askedUpTo = max(run.askedUpTo, position + 1)
             defer {
