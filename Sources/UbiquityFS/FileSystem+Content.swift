@@ -361,7 +361,7 @@ extension FileSystem {
             guard file.streamingSize == nil else { return (file, nil) }
             return (file, table.files[handle]?.ahead.read(offset: offset, size: size))
         }) else { throw UbiquityError(EBADF) }
-        replica.foreground.noteIO()
+        replica.foreground.note()
         guard let total = file.streamingSize else {
             if let ahead {
                 _ = posix_fadvise(file.fd, off_t(ahead.lowerBound), off_t(ahead.count), POSIX_FADV_WILLNEED)
@@ -401,7 +401,7 @@ extension FileSystem {
     public func write(handle: UInt64, offset: Int64, bytes: UnsafeRawPointer, count: Int) throws -> Int {
         let file = try openFileFor(handle)
         guard file.writable else { throw UbiquityError(EBADF) }
-        replica.foreground.noteIO()
+        replica.foreground.note()
         // The last bytes of a full disk are kept for deletions (see `SpaceReserve`).
         try replica.requireRoomForContent()
         // The first write since the last acknowledgement marks the content in

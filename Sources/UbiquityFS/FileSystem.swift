@@ -97,6 +97,7 @@ public final class FileSystem: Sendable {
     /// the index cannot record it; see `Replica.transaction`), then tell the
     /// sync engine.
     func change<T: Sendable>(_ use: DiskUse, notify: Bool = true, _ body: (inout Namespace) throws -> T) throws -> T {
+        replica.foreground.note()
         let value = try replica.transaction(use, body)
         if notify { hooks.localChangeRecorded() }
         return value
@@ -129,6 +130,7 @@ public final class FileSystem: Sendable {
     public func lookup(parent: UInt64, name: FileName) throws -> EntryReply {
         let parent = view.swap(parent)
         guard name.count <= Self.nameMax else { throw UbiquityError(ENAMETOOLONG) }
+        replica.foreground.note()
         return try replica.withNamespace { ns in
             guard let dir = ns.node(parent) else { throw UbiquityError(ENOENT) }
             guard dir.kind == .directory else { throw UbiquityError(ENOTDIR) }

@@ -1,49 +1,67 @@
 import Foundation
 import Synchronization
 
-/// When programs last read or wrote file content through the mount, so that
-/// background work (pushing large files) can give way to them.
+/// When programs last used the mount, so that background work gives way to them.
 ///
-/// A file closed after writing is pushed a moment later; a program that reads
-/// it back at once (or reads anything else) would otherwise share the disk and
-/// a CPU with the push, which reads the whole file again, hashes it and writes
-/// it to the store. Measured on a 512 MiB file: a cold read right after the
-/// close ran at 250–390 MiB/s with the push going on, 580–980 MiB/s without.
+/// Noted on every content read and write, every change to the namespace
+/// and every lookup (`note`: one atomic store). Three kinds of background
+/// work wait for a pause, each for a bounded time:
 ///
-/// The push therefore waits, between chunks, until the mount has seen no
-/// content I/O for `quietWindow` — but never longer than `longestWait` per
-/// chunk, so a program that reads all day long slows the push down but does
-/// not stop it.
+/// - **Pushing a large file**, between chunks, at most `longestWait` per
+///   chunk. A file closed after writing is pushed a moment later; a program
+///   that reads it back at once would otherwise share the disk and a CPU
+///   with the push, which reads the whole file again, hashes it and writes
+///   it to the store. Measured on a 512 MiB file: a cold read right after
+///   the close ran at 250–390 MiB/s with the push going on, 580–980 MiB/s
+///   without.
+/// - **A push round** (`SyncEngine.pushLoop`), at most `longestDeferral`
+///   before each.
+/// - **SQLite's copy of the operation log** (`IndexApplier`), at most
+///   `longestDeferral` per batch. The log holds every change meanwhile, so
+///   nothing acknowledged waits on it.
+///
+/// The bounds keep a program that uses the mount all day long from
+/// stopping the work: it is slowed down, batched, never held.
 public final class ForegroundActivity: Sendable {
-    /// Monotonic nanoseconds of the last content read or write (0: none yet).
-    private let lastIO = Atomic<UInt64>(0)
+    /// Monotonic nanoseconds of the last request noted (0: none yet).
+    private let lastRequest = Atomic<UInt64>(0)
 
-    /// Quiet time that counts as the foreground having stopped.
+    /// Quiet time that counts as the programs having paused.
     public static let quietWindow: UInt64 = 100_000_000
-    /// Longest a background step waits for quiet.
+    /// Longest a large file's push waits for quiet per chunk.
     public static let longestWait: UInt64 = 500_000_000
+    /// Longest a push round or a batch of SQLite writes waits for quiet.
+    public static let longestDeferral: UInt64 = 1_000_000_000
 
     public init() {}
 
-    /// A program read or wrote content (one atomic store: called on every read and write).
-    public func noteIO() {
-        lastIO.store(Self.now(), ordering: .relaxed)
+    /// A program's request reached the mount (one atomic store: called on
+    /// every read, write, lookup and namespace change).
+    public func note() {
+        lastRequest.store(Self.now(), ordering: .relaxed)
+    }
+
+    /// Nanoseconds until the mount has been quiet for `quietWindow` if no
+    /// other request comes (0: quiet now).
+    public func untilQuiet() -> UInt64 {
+        let quietAt = lastRequest.load(ordering: .relaxed) &+ Self.quietWindow
+        let now = Self.now()
+        return quietAt > now ? quietAt - now : 0
     }
 
     /// Wait until the mount has been quiet for `quietWindow`, at most
-    /// `longestWait`. Returns at once when there was no recent content I/O.
-    public func waitForQuiet() {
-        let deadline = Self.now() + Self.longestWait
+    /// `longest` nanoseconds. Returns at once when it is quiet.
+    public func waitForQuiet(longest: UInt64 = ForegroundActivity.longestWait) {
+        let deadline = Self.now() + longest
         while true {
+            let wait = untilQuiet()
             let now = Self.now()
-            let last = lastIO.load(ordering: .relaxed)
-            guard now < deadline, last &+ Self.quietWindow > now else { return }
-            let quietAt = min(last + Self.quietWindow, deadline)
-            Thread.sleep(forTimeInterval: Double(quietAt - now) / 1e9)
+            guard wait > 0, now < deadline else { return }
+            Thread.sleep(forTimeInterval: Double(min(wait, deadline - now)) / 1e9)
         }
     }
 
-    static func now() -> UInt64 {
+    public static func now() -> UInt64 {
         var ts = timespec()
         clock_gettime(CLOCK_MONOTONIC, &ts)
         return UInt64(ts.tv_sec) * 1_000_000_000 + UInt64(ts.tv_nsec)

@@ -11,6 +11,12 @@ import UbiquityStore
 /// empties or rotates the log (`Replica.trimLog`). Many operations share a transaction:
 /// a burst of creates costs a few WAL pages instead of a few per create.
 ///
+/// While programs are using the mount, a batch waits for a pause in their
+/// requests (`ForegroundActivity`), a second at most, or until 20,000
+/// operations are queued: the log already holds them, and SQLite's copy is
+/// background work that would otherwise share the CPUs with a burst of
+/// metadata operations. `drain` and `stop` cut the wait short.
+///
 /// A write SQLite refuses (a full disk) is retried a second later; nothing
 /// is lost meanwhile, the records stay in the log (and the queue). Only
 /// `drain` (closing the replica) waits for the queue to empty.
@@ -23,10 +29,15 @@ final class IndexApplier: @unchecked Sendable {
     /// Called with no lock held after each batch, with the number of the
     /// last record SQLite now holds: the replica trims the log.
     let applied: @Sendable (UInt64) -> Void
+    let foreground: ForegroundActivity
     /// Guards the fields below.
     let condition = NSCondition()
     /// Records appended and not yet in SQLite, kept encoded (decoded by the thread).
     var queue: [OperationLog.Encoded] = []
+    /// Operations in `queue`.
+    var queuedOps = 0
+    /// Callers of `drain` waiting: the thread writes without waiting for quiet.
+    var draining = 0
     var appliedSeq: UInt64
     var stopping = false
     var failure: String?
@@ -37,9 +48,10 @@ final class IndexApplier: @unchecked Sendable {
     /// committed once it is in the log; this only delays SQLite's copy).
     static let gatherDelay = 0.05
 
-    init(index: Index, appliedSeq: UInt64, applied: @escaping @Sendable (UInt64) -> Void) {
+    init(index: Index, appliedSeq: UInt64, foreground: ForegroundActivity, applied: @escaping @Sendable (UInt64) -> Void) {
         self.index = index
         self.appliedSeq = appliedSeq
+        self.foreground = foreground
         self.applied = applied
         Thread.run(named: "ubq-index") { [self] in run() }
     }
@@ -47,6 +59,7 @@ final class IndexApplier: @unchecked Sendable {
     func enqueue(_ record: OperationLog.Encoded) {
         condition.lock()
         queue.append(record)
+        queuedOps += record.opCount
         // Only the first record wakes the thread; it then gathers the others.
         if queue.count == 1 { condition.broadcast() }
         condition.unlock()
@@ -64,7 +77,12 @@ final class IndexApplier: @unchecked Sendable {
     func drain(timeout: Double = 60) throws {
         let deadline = Date().addingTimeInterval(timeout)
         condition.lock()
-        defer { condition.unlock() }
+        draining += 1
+        condition.broadcast()
+        defer {
+            draining -= 1
+            condition.unlock()
+        }
         while !queue.isEmpty {
             if !condition.wait(until: deadline) {
                 throw UbiquityError(EIO, "the replica index did not take its queued changes: \(failure ?? "timed out")")
@@ -94,6 +112,14 @@ final class IndexApplier: @unchecked Sendable {
             // Let a burst gather: one transaction per `gatherDelay`, not per record.
             let deadline = Date().addingTimeInterval(Self.gatherDelay)
             while !stopping && condition.wait(until: deadline) {}
+            // Then for a pause in the programs' requests (bounded, see above).
+            let latest = ForegroundActivity.now() + ForegroundActivity.longestDeferral
+            while !stopping && draining == 0 && queuedOps < Self.batchLimit {
+                let wait = foreground.untilQuiet()
+                let now = ForegroundActivity.now()
+                guard wait > 0, now < latest else { break }
+                _ = condition.wait(until: Date(timeIntervalSinceNow: Double(min(wait, latest - now)) / 1e9))
+            }
             if stopping {
                 condition.unlock()
                 return
@@ -118,6 +144,7 @@ final class IndexApplier: @unchecked Sendable {
                 try index.write(ops)
                 condition.lock()
                 queue.removeFirst(taken)
+                queuedOps -= count
                 appliedSeq = last
                 failure = nil
                 condition.broadcast()

@@ -107,7 +107,7 @@ public final class Replica: Sendable {
             throw error
         }
         let owner = WeakReplica()
-        applier = IndexApplier(index: index, appliedSeq: log.lastSeq) { owner.replica?.trimLog(applied: $0) }
+        applier = IndexApplier(index: index, appliedSeq: log.lastSeq, foreground: foreground) { owner.replica?.trimLog(applied: $0) }
         owner.replica = self
         try persist()
     }

@@ -23,6 +23,8 @@ extension SyncEngine {
         var all = ReplicaChanges()
         var unrecorded: (any Error)?
         var quarantined: [QuarantinedRecord] = []
+        // A commit of this device's under way: once settled, it is not read back.
+        commitGate.withLock { _ in }
         try pullLock.withLock { _ in
             if let joined = try joinFromSnapshot() { all.merge(joined.changes) }
             while true {

@@ -31,7 +31,8 @@ import Glibc
 /// (`checkHeldContent`).
 ///
 /// Threads: the push thread and the caller of `drain` share `pushLock`, so
-/// one push runs at a time. Lock order: `pushLock` → replica locks;
+/// one push runs at a time. Lock order: `pushLock` → `commitGate` → replica
+/// locks (a pull takes `commitGate` alone, before `pullLock`);
 /// `cacheLimitPass` → replica locks; the download pool's condition →
 /// `Replica.namespace`; `status`, `uploadFailures` and `limitRefusals` are
 /// leaves.
@@ -46,6 +47,8 @@ public final class SyncEngine: Sendable {
     public let cacheLimit: UInt64?
 
     let pushLock = Mutex<Int>(0)
+    /// Held by a push from its commit until it is settled (`appliedSeq` moved past it).
+    let commitGate = Mutex<Int>(0)
     let pullLock = Mutex<Int>(0)
     let observer = Mutex<(any ReplicaObserver)?>(nil)
     let pullThreadDone = DispatchSemaphore(value: 0)
@@ -188,7 +191,14 @@ public final class SyncEngine: Sendable {
             } while wake.wait(timeout: .now()) == .success && waited < Self.maxBatchDelay
             do {
                 var rounds = 0
-                while try pushOnce(ignoreDelay: false), !stopped.withLock({ $0 }) { rounds += 1 }
+                // Each round (up to `maxBatchNodes` nodes) waits for a pause in the
+                // programs' requests, a second at most: a burst of metadata
+                // operations does not share the CPUs with the pushes it causes.
+                while !stopped.withLock({ $0 }) {
+                    replica.foreground.waitForQuiet(longest: ForegroundActivity.longestDeferral)
+                    guard try pushOnce(ignoreDelay: false) else { break }
+                    rounds += 1
+                }
                 // Pushing leaves freed buffers behind (change sets, their JSON,
                 // packs): return them, at most once a second while the pushes go on.
                 if rounds > 0, Date().timeIntervalSince(lastRelease) >= 1 {
@@ -384,9 +394,15 @@ public final class SyncEngine: Sendable {
             }
             let seq = batch.appliedSeq + 1
             let changeSet = ChangeSet(device: device.id, deviceName: device.name, changes: namingPacks(batch.changes, known: newLocations))
-            if try store.commit(container: container, seq: seq, changeSet: changeSet) {
-                trace("PUSH [\(device.name)] seq \(seq): \(batch.changes.map(ChangeApplier.describe))")
+            // Settled under `commitGate`: a pull woken by this very record
+            // waits, then finds it applied instead of reading it back.
+            let committed = try commitGate.withLock { _ -> Bool in
+                guard try store.commit(container: container, seq: seq, changeSet: changeSet) else { return false }
                 try settle(batch, seq: seq, snapshots: snapshots)
+                return true
+            }
+            if committed {
+                trace("PUSH [\(device.name)] seq \(seq): \(batch.changes.map(ChangeApplier.describe))")
                 status.withLock { s in
                     s.lastSync = Date()
                     s.storeReachable = true

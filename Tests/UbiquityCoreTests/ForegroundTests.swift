@@ -1,14 +1,15 @@
 import Foundation
 import Testing
 import UbiquityFS
-import UbiquityReplica
+@testable import UbiquityReplica
 import UbiquityStore
 import UbiquitySync
 #if canImport(Glibc)
 import Glibc
 #endif
 
-/// Pushing a large file gives way to content I/O on the mount (`ForegroundActivity`).
+/// Background work gives way to the programs' requests (`ForegroundActivity`):
+/// pushing a large file, and SQLite's copy of the operation log.
 /// Only lower bounds on time are asserted: a sleep is never shorter than asked,
 /// whereas a busy machine can make anything longer.
 @Suite struct ForegroundTests {
@@ -18,13 +19,13 @@ import Glibc
         return Date().timeIntervalSince(start)
     }
 
-    /// Call `noteIO` now and every 10 ms until the returned closure is called.
+    /// Call `note` now and every 10 ms until the returned closure is called.
     static func keepBusy(_ activity: ForegroundActivity) -> () -> Void {
-        activity.noteIO()
+        activity.note()
         let stop = DispatchSemaphore(value: 0)
         let done = DispatchSemaphore(value: 0)
         Thread {
-            while stop.wait(timeout: .now() + .milliseconds(10)) == .timedOut { activity.noteIO() }
+            while stop.wait(timeout: .now() + .milliseconds(10)) == .timedOut { activity.note() }
             done.signal()
         }.start()
         return { stop.signal(); done.wait() }
@@ -35,7 +36,7 @@ import Glibc
         // No I/O yet: nothing to wait for (the bound is only there to fail, not to time).
         #expect(Self.seconds { activity.waitForQuiet() } < Double(ForegroundActivity.longestWait) / 1e9)
 
-        activity.noteIO()
+        activity.note()
         #expect(Self.seconds { activity.waitForQuiet() } >= 0.09)
 
         let stop = Self.keepBusy(activity)
@@ -65,5 +66,38 @@ import Glibc
         defer { b.cleanUp() }
         try b.engine.pull()
         #expect(try b.fs.getattr(ino: try b.resolve("big.bin")).size == UInt64(bytes.count))
+    }
+
+    /// SQLite's copy of a change waits for a pause in the programs' requests
+    /// (the change itself is in the operation log at once), a bounded time
+    /// while they go on, and not at all once `drain` asks for it.
+    @Test func theIndexCatchesUpInAPauseOrAfterItsBound() throws {
+        let d = try TestDevice(store: InMemoryStore())
+        defer { d.cleanUp() }
+        try d.replica.applier.drain()
+
+        // A change (which notes a request): SQLite gets it no sooner than the quiet window after it.
+        let start = Date()
+        _ = try d.write("a.txt", "a")
+        let logged = d.replica.log.lastSeq
+        while d.replica.applier.appliedUpTo < logged { Thread.sleep(forTimeInterval: 0.005) }
+        #expect(Date().timeIntervalSince(start) >= Double(ForegroundActivity.quietWindow) / 1e9 - 0.01)
+
+        // Requests all along: SQLite gets the change after the bound, not never.
+        let stop = Self.keepBusy(d.replica.foreground)
+        _ = try d.write("b.txt", "b")
+        let busyStart = Date()
+        let second = d.replica.log.lastSeq
+        while d.replica.applier.appliedUpTo < second { Thread.sleep(forTimeInterval: 0.005) }
+        let waited = Date().timeIntervalSince(busyStart)
+        #expect(waited >= 0.5)
+        #expect(waited < 30)
+
+        // `drain` does not wait for the pause that never comes.
+        _ = try d.write("c.txt", "c")
+        let drained = try Self.seconds { try d.replica.applier.drain() }
+        stop()
+        #expect(drained < Double(ForegroundActivity.longestDeferral) / 1e9)
+        #expect(d.replica.applier.appliedUpTo == d.replica.log.lastSeq)
     }
 }

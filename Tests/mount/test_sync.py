@@ -1126,6 +1126,45 @@ def test_edits_read_on_the_other_device_while_they_arrive_never_stall(make_devic
             time.sleep(0.002)
 
 
+def test_a_mount_busy_all_along_still_pushes(make_device):
+    """Pushing (and SQLite's copy of the operation log) waits for a pause in
+    the programs' requests, so that a burst of metadata operations does not
+    share the CPUs with the work it causes, but only for a bounded time: a
+    program using the mount without a pause must not hold back sync. A file
+    written on A while a loop renames another one there without a break must
+    reach B before the loop ends."""
+    a = new_device(make_device, "a")
+    b = new_device(make_device, "b")
+    stop = threading.Event()
+    renames = [0]
+
+    def busy():
+        names = [a.mountpoint / "spin-0", a.mountpoint / "spin-1"]
+        write(names[0], b"spin")
+        while not stop.is_set():
+            os.rename(names[renames[0] % 2], names[(renames[0] + 1) % 2])
+            renames[0] += 1
+
+    loop = threading.Thread(target=busy)
+    loop.start()
+    try:
+        time.sleep(0.5)
+        write(a.mountpoint / "while-busy.txt", b"pushed while the mount is busy\n")
+        def arrived():
+            assert read(b.mountpoint / "while-busy.txt") == b"pushed while the mount is busy\n"
+        eventually(arrived, what="a file written on a busy mount, on the other device")
+        assert loop.is_alive() and renames[0] > 1000, f"the rename loop stopped after {renames[0]} renames"
+    finally:
+        stop.set()
+        loop.join()
+    final = "spin-%d" % (renames[0] % 2)
+
+    def last_name():
+        assert read(b.mountpoint / final) == b"spin"
+        assert not (b.mountpoint / ("spin-%d" % ((renames[0] + 1) % 2))).exists()
+    eventually(last_name, what="the renamed file's last name, on the other device")
+
+
 # --------------------------------------------------------------------------
 # Snapshots: a new device starts from one instead of replaying the journal
 # --------------------------------------------------------------------------
