@@ -377,18 +377,7 @@ final class MountHost: @unchecked Sendable {
             // The Documents folder itself is in neither scope; the drive's own
             // container is all documents (its whole tree is the user's).
             let isDriveRoot = drive != nil && host === hosts[0]
-            // Counted in place: no record is made (a million items would
-            // cost the daemon hundreds of MiB for a moment).
-            var items = 0, documentsItems = 0, dataItems = 0
-            _ = engine.scanItems(status: false) { item in
-                items += 1
-                if QueryService.inScopes(directory: item.directory, name: item.fileName, [.documents]) {
-                    documentsItems += 1
-                } else if QueryService.inScopes(directory: item.directory, name: item.fileName, [.data]) {
-                    dataItems += 1
-                }
-                return false
-            }
+            let (items, documentsItems, dataItems) = host.replica.withNamespace { ns in QueryService.countItems(in: ns) }
             let pending = host.replica.withNamespace { ns in ns.pendingSummary() }
             let downloads = engine.downloadSummary()
             let folder = isDriveRoot ? "/" : folders.first(where: { $0.containerID == host.id })?.name.description

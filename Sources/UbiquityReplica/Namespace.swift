@@ -667,17 +667,42 @@ public struct Namespace: Sendable {
     /// directory goes before what was created in it.
     public func unpushedNodes(limit: Int) -> [LocalNode] {
         guard unpushed.count > limit else { return unpushedNodes().sorted { $0.ino < $1.ino } }
-        return unpushed.sorted().prefix(limit).compactMap { store.node($0) }
+        return Self.smallest(limit, of: unpushed).compactMap { store.node($0) }
     }
+
+    /// The `count` smallest of `values`, in order, without sorting them all
+    /// (a backlog of a million new files is pushed 4,000 at a time, and each
+    /// round picks its nodes under the namespace lock): the smallest seen so
+    /// far are kept, at most twice `count` of them before they are cut back
+    /// to `count`, and a value above the largest kept is passed over.
+    static func smallest(_ count: Int, of values: Set<UInt64>) -> [UInt64] {
+        guard count > 0 else { return [] }
+        var kept: [UInt64] = []
+        kept.reserveCapacity(2 * count)
+        var bound = UInt64.max
+        for value in values where value < bound {
+            kept.append(value)
+            if kept.count == 2 * count {
+                kept.sort()
+                kept.removeLast(count)
+                bound = kept[count - 1]
+            }
+        }
+        kept.sort()
+        return Array(kept.prefix(count))
+    }
+
+    /// The sizes of the files whose content is here, added up.
+    public func localContentBytes() -> UInt64 { store.localContentBytes() }
 
     /// Items and bytes still waiting to be pushed.
     public func pendingSummary() -> (items: Int, bytes: UInt64) {
         var items = 0
         var bytes: UInt64 = 0
         for ino in unpushed {
-            guard let node = store.node(ino) else { continue }
+            guard let slot = store.slot(of: ino) else { continue }
             items += 1
-            if node.hasUnpushedContent { bytes += node.size }
+            bytes += store.unpushedContentBytes(slot: slot)
         }
         // Entries count as items of their own unless their node is already counted.
         items += pendingEntries.keys.filter { key in

@@ -278,6 +278,29 @@ final class NodeStore: @unchecked Sendable {
         return generation > u.pushedGeneration && kind(slot: slot) == .file
     }
 
+    /// The size of the node in `slot` if it has content not pushed yet
+    /// (`LocalNode.hasUnpushedContent`), else 0.
+    func unpushedContentBytes(slot: Int) -> UInt64 {
+        let r = record(slot)
+        guard r.flags & NodeRecord.hasUnsettled != 0, let u = unsettled[UInt32(slot)] else { return 0 }
+        let x = r.flags & NodeRecord.hasExtras != 0 ? extras[UInt32(slot)] : nil
+        let generation = x?.contentGeneration ?? UInt64(r.u16(NodeRecord.contentGenerationOffset))
+        guard generation > u.pushedGeneration, kind(slot: slot) == .file else { return 0 }
+        return x?.size ?? UInt64(r.u32(NodeRecord.sizeOffset))
+    }
+
+    /// The sizes of the files whose content is here, added up (what `status`
+    /// shows as cached), read from the records in slot order.
+    func localContentBytes() -> UInt64 {
+        var total: UInt64 = 0
+        forEachSlot { slot in
+            guard record(slot).flags & NodeRecord.hasContent != 0 else { return }
+            let summary = summary(slot: slot)
+            if summary.kind == .file { total += summary.size }
+        }
+        return total
+    }
+
     /// Write `node` (a new node or a new value of an existing one).
     func set(_ node: LocalNode) {
         let ino = node.ino

@@ -96,9 +96,7 @@ extension SyncEngine {
 
     /// Bytes of content this device holds (local files' sizes).
     public func cacheUsage() -> UInt64 {
-        replica.withNamespace { ns in
-            ns.nodes.values.reduce(0) { $0 + ($1.kind == .file && $1.hasContent ? $1.size : 0) }
-        }
+        replica.withNamespace { ns in ns.localContentBytes() }
     }
 
     /// Evict least recently used clean, closed, unpinned files until the

@@ -269,6 +269,24 @@ import UbiquityStore
         a.update(file) { $0.mode = 0o600 }
         #expect(b.node(file)?.mode == 0o644)
     }
+
+    /// A push round's nodes (`Namespace.smallest`): the smallest inode
+    /// numbers of the backlog, in order, whatever order the set gives them
+    /// in; fewer values than asked for gives them all.
+    @Test func theSmallestAreTheFirstOfTheSortedValues() {
+        var rng = Random(state: 7)
+        for round in 0..<40 {
+            let n = Int(rng.next() % 20_000)
+            var values = Set<UInt64>()
+            let spread: UInt64 = round % 3 == 0 ? 50_000 : 1 << 48
+            while values.count < n { values.insert(1 + rng.next() % spread) }
+            for count in [1, 7, 4000] {
+                #expect(Namespace.smallest(count, of: values) == Array(values.sorted().prefix(count)), "round \(round), \(count) of \(n)")
+            }
+        }
+        #expect(Namespace.smallest(0, of: [3, 1, 2]) == [])
+        #expect(Namespace.smallest(5, of: [3, 1, 2]) == [1, 2, 3])
+    }
 }
 
 extension Namespace {

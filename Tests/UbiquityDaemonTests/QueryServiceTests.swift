@@ -183,6 +183,23 @@ import UbiquitySync
         }
     }
 
+    /// `status`'s counts, made from the listings alone, are the items and
+    /// the scopes of every item's path (`inScopes`), over varied trees (a
+    /// Documents folder with a Documents folder inside, `DocumentsX`, files
+    /// named Documents elsewhere, hard links counted once per name).
+    @Test(arguments: [UInt64(1), 2, 3])
+    func statusCountsAreTheScopesOfEveryItem(seed: UInt64) {
+        var ns = Self.namespace(seed: seed)
+        let file = ns.children[Namespace.rootIno]!.values.first { ns.kind(of: $0.ino) == .file }!.ino
+        ns.linkEntry(ns.lookup(Namespace.rootIno, FileName("Documents"))!, FileName("hard link"), file)
+        let records = SyncEngine.collectItems(in: ns)
+        let counts = QueryService.countItems(in: ns)
+        #expect(counts.items == records.count)
+        #expect(counts.documents == records.filter { QueryService.inScopes($0.path, [.documents]) }.count)
+        #expect(counts.data == records.filter { QueryService.inScopes($0.path, [.data]) }.count)
+        #expect(counts.documents > 50 && counts.data > 50)
+    }
+
     @Test func anItemsValuesAreWhatTheQueryLanguageNames() {
         var status = ItemStatus.unread
         status.downloadingStatus = "notDownloaded"
