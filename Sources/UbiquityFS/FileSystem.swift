@@ -97,7 +97,7 @@ public final class FileSystem: Sendable {
     /// the index cannot record it; see `Replica.transaction`), then tell the
     /// sync engine.
     func change<T: Sendable>(_ use: DiskUse, notify: Bool = true, _ body: (inout Namespace) throws -> T) throws -> T {
-        replica.foreground.note()
+        replica.foreground.noteChange()
         let value = try replica.transaction(use, body)
         if notify { hooks.localChangeRecorded() }
         return value

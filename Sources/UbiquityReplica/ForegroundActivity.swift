@@ -3,9 +3,9 @@ import Synchronization
 
 /// When programs last used the mount, so that background work gives way to them.
 ///
-/// Noted on every content read and write, every change to the namespace
-/// and every lookup (`note`: one atomic store). Three kinds of background
-/// work wait for a pause, each for a bounded time:
+/// Noted on every content read and write and every lookup (`note`: one
+/// atomic store), and on every change to the namespace (`noteChange`: two).
+/// Three kinds of background work wait for a pause, each for a bounded time:
 ///
 /// - **Pushing a large file**, between chunks, at most `longestWait` per
 ///   chunk. A file closed after writing is pushed a moment later; a program
@@ -17,14 +17,18 @@ import Synchronization
 /// - **A push round** (`SyncEngine.pushLoop`), at most `longestDeferral`
 ///   before each.
 /// - **SQLite's copy of the operation log** (`IndexApplier`), at most
-///   `longestDeferral` per batch. The log holds every change meanwhile, so
-///   nothing acknowledged waits on it.
+///   `longestDeferral` per batch, for a pause in the namespace changes only
+///   (they are what gives it work; a program reading all along does not
+///   hold it back). The log holds every change meanwhile, so nothing
+///   acknowledged waits on it.
 ///
 /// The bounds keep a program that uses the mount all day long from
 /// stopping the work: it is slowed down, batched, never held.
 public final class ForegroundActivity: Sendable {
     /// Monotonic nanoseconds of the last request noted (0: none yet).
     private let lastRequest = Atomic<UInt64>(0)
+    /// Monotonic nanoseconds of the last namespace change noted (0: none yet).
+    private let lastChange = Atomic<UInt64>(0)
 
     /// Quiet time that counts as the programs having paused.
     public static let quietWindow: UInt64 = 100_000_000
@@ -41,10 +45,19 @@ public final class ForegroundActivity: Sendable {
         lastRequest.store(Self.now(), ordering: .relaxed)
     }
 
+    /// A program's request changes the namespace (a create, a rename…).
+    public func noteChange() {
+        let now = Self.now()
+        lastRequest.store(now, ordering: .relaxed)
+        lastChange.store(now, ordering: .relaxed)
+    }
+
     /// Nanoseconds until the mount has been quiet for `quietWindow` if no
-    /// other request comes (0: quiet now).
-    public func untilQuiet() -> UInt64 {
-        let quietAt = lastRequest.load(ordering: .relaxed) &+ Self.quietWindow
+    /// other request (with `changesOnly`, no other namespace change) comes
+    /// (0: quiet now).
+    public func untilQuiet(changesOnly: Bool = false) -> UInt64 {
+        let last = changesOnly ? lastChange.load(ordering: .relaxed) : lastRequest.load(ordering: .relaxed)
+        let quietAt = last &+ Self.quietWindow
         let now = Self.now()
         return quietAt > now ? quietAt - now : 0
     }

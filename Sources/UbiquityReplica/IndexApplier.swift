@@ -11,8 +11,8 @@ import UbiquityStore
 /// empties or rotates the log (`Replica.trimLog`). Many operations share a transaction:
 /// a burst of creates costs a few WAL pages instead of a few per create.
 ///
-/// While programs are using the mount, a batch waits for a pause in their
-/// requests (`ForegroundActivity`), a second at most, or until 20,000
+/// While programs are changing the namespace, a batch waits for a pause in
+/// those changes (`ForegroundActivity`), a second at most, or until 20,000
 /// operations are queued: the log already holds them, and SQLite's copy is
 /// background work that would otherwise share the CPUs with a burst of
 /// metadata operations. `drain` and `stop` cut the wait short.
@@ -115,7 +115,7 @@ final class IndexApplier: @unchecked Sendable {
             // Then for a pause in the programs' requests (bounded, see above).
             let latest = ForegroundActivity.now() + ForegroundActivity.longestDeferral
             while !stopping && draining == 0 && queuedOps < Self.batchLimit {
-                let wait = foreground.untilQuiet()
+                let wait = foreground.untilQuiet(changesOnly: true)
                 let now = ForegroundActivity.now()
                 guard wait > 0, now < latest else { break }
                 _ = condition.wait(until: Date(timeIntervalSinceNow: Double(min(wait, latest - now)) / 1e9))
