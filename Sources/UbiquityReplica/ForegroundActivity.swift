@@ -40,7 +40,7 @@ public final class ForegroundActivity: Sendable {
     public init() {}
 
     /// A program's request reached the mount (one atomic store: called on
-    /// every read, write, lookup and namespace change).
+    /// every read, write and lookup).
     public func note() {
         lastRequest.store(Self.now(), ordering: .relaxed)
     }

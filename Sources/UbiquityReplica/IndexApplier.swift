@@ -112,7 +112,7 @@ final class IndexApplier: @unchecked Sendable {
             // Let a burst gather: one transaction per `gatherDelay`, not per record.
             let deadline = Date().addingTimeInterval(Self.gatherDelay)
             while !stopping && condition.wait(until: deadline) {}
-            // Then for a pause in the programs' requests (bounded, see above).
+            // Then for a pause in the namespace changes (bounded, see above).
             let latest = ForegroundActivity.now() + ForegroundActivity.longestDeferral
             while !stopping && draining == 0 && queuedOps < Self.batchLimit {
                 let wait = foreground.untilQuiet(changesOnly: true)
