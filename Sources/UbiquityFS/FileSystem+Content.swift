@@ -256,7 +256,7 @@ extension FileSystem {
             if flags & O_TRUNC != 0 {
                 try syscallRetrying("truncate on open") { ftruncate(fd, 0) }
                 let now = Timespec.now()
-                replica.withNamespace { ns in ns.contentChanged(ino, size: 0, time: now, monotonic: Self.monotonicNow()) }
+                replica.withNamespace { ns in ns.contentChanged(ino, size: 0, time: now, monotonic: MonotonicClock.now()) }
             }
         } catch {
             try? release(handle: opened.handle)
@@ -317,7 +317,7 @@ extension FileSystem {
         let counted = replica.withNamespace { ns -> (UInt32, Bool)? in
             guard let node = ns.node(ino) else { return nil }
             if let expected, !node.hasContent || node.contentEpoch != expected { return nil }
-            let now = Self.monotonicNow()
+            let now = MonotonicClock.now()
             var result: (UInt32, Bool) = (0, true)
             ns.updateRuntime(ino) {
                 $0.openCount += 1
@@ -344,7 +344,7 @@ extension FileSystem {
     func writerLeft(_ ino: UInt64, in ns: inout Namespace) {
         ns.updateRuntime(ino) {
             $0.openWriters -= 1
-            $0.lastContentChange = Self.monotonicNow()
+            $0.lastContentChange = MonotonicClock.now()
         }
         if ns.node(ino)?.openWriters == 0 { ns.acknowledgeWrites(ino) }
     }
@@ -427,7 +427,7 @@ extension FileSystem {
         }
         let end = UInt64(offset) + UInt64(written)
         let now = Timespec.now()
-        let monotonic = Self.monotonicNow()
+        let monotonic = MonotonicClock.now()
         replica.withNamespace { ns in
             ns.endWrite(file.ino)
             guard let node = ns.node(file.ino) else { return }
@@ -492,7 +492,7 @@ extension FileSystem {
         replica.withNamespace { ns in
             ns.endWrite(file.ino)
             guard let node = ns.node(file.ino), end > node.size else { return }
-            ns.contentChanged(file.ino, size: end, time: now, monotonic: Self.monotonicNow())
+            ns.contentChanged(file.ino, size: end, time: now, monotonic: MonotonicClock.now())
         }
     }
 

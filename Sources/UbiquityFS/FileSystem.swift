@@ -119,12 +119,6 @@ public final class FileSystem: Sendable {
         guard name.count <= nameMax else { throw UbiquityError(ENAMETOOLONG) }
     }
 
-    static func monotonicNow() -> UInt64 {
-        var ts = timespec()
-        clock_gettime(CLOCK_MONOTONIC, &ts)
-        return UInt64(ts.tv_sec) * 1_000_000_000 + UInt64(ts.tv_nsec)
-    }
-
     // MARK: - Lookup and attributes
 
     public func lookup(parent: UInt64, name: FileName) throws -> EntryReply {
@@ -265,8 +259,8 @@ public final class FileSystem: Sendable {
             let now = Timespec.now()
             replica.withNamespace { ns in
                 ns.endWrite(ino)
-                ns.beginContentChange(ino, monotonic: Self.monotonicNow())
-                ns.contentChanged(ino, size: size, time: now, monotonic: Self.monotonicNow())
+                ns.beginContentChange(ino, monotonic: MonotonicClock.now())
+                ns.contentChanged(ino, size: size, time: now, monotonic: MonotonicClock.now())
             }
             return
         }
@@ -298,7 +292,7 @@ public final class FileSystem: Sendable {
             let registered = replica.withNamespace { ns -> Bool in
                 guard ns.node(ino)?.hasContent == true else { return false }
                 ns.updateRuntime(ino) { $0.openWriters += 1 }
-                ns.beginContentChange(ino, monotonic: Self.monotonicNow())
+                ns.beginContentChange(ino, monotonic: MonotonicClock.now())
                 return true
             }
             guard registered else { continue }
@@ -311,7 +305,7 @@ public final class FileSystem: Sendable {
             }
             let now = Timespec.now()
             replica.withNamespace { ns in
-                ns.contentChanged(ino, size: size, time: now, monotonic: Self.monotonicNow())
+                ns.contentChanged(ino, size: size, time: now, monotonic: MonotonicClock.now())
                 writerLeft(ino, in: &ns)
             }
             return
@@ -363,7 +357,7 @@ public final class FileSystem: Sendable {
                 let now = Timespec.now()
                 let ino = ns.createNode(ino: reserved, kind: kind, mode: permissions, uid: caller.uid, gid: gid,
                                         rdev: rdev, target: target, time: now)
-                if kind == .file { ns.beginContentChange(ino, monotonic: Self.monotonicNow()) }
+                if kind == .file { ns.beginContentChange(ino, monotonic: MonotonicClock.now()) }
                 ns.linkEntry(parent, name, ino)
                 ns.update(parent) { $0.mtime = now; $0.ctime = now }
                 ns.updateRuntime(ino) { $0.lookups += 1 }

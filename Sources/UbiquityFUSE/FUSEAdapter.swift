@@ -98,6 +98,7 @@ func makeOperations() -> fuse_lowlevel_ops {
     ops.lookup = { req, parent, name in
         let ctx = FUSEContext.from(req)
         let name = Convert.name(name)
+        ReceiveBufferPages.smallRequest()
         ctx.serve(req, "lookup") {
             do {
                 var e = Convert.entry(try ctx.fs.lookup(parent: UInt64(parent), name: name))
@@ -126,6 +127,7 @@ func makeOperations() -> fuse_lowlevel_ops {
 
     ops.getattr = { req, ino, _ in
         let ctx = FUSEContext.from(req)
+        ReceiveBufferPages.smallRequest()
         ctx.serve(req, "getattr") {
             var st = Convert.stat(try ctx.fs.getattr(ino: UInt64(ino)))
             fuse_reply_attr(req, &st, ctx.fs.attributeTimeout)
@@ -233,6 +235,7 @@ func makeOperations() -> fuse_lowlevel_ops {
 
     ops.open = { req, ino, fi in
         let ctx = FUSEContext.from(req)
+        ReceiveBufferPages.smallRequest()
         guard let fi else { fuse_reply_err(req, EINVAL); return }
         let flags = fi.pointee.flags
         ctx.serve(req, "open") {
@@ -268,6 +271,7 @@ func makeOperations() -> fuse_lowlevel_ops {
 
     ops.read = { req, ino, size, offset, fi in
         let ctx = FUSEContext.from(req)
+        ReceiveBufferPages.smallRequest()
         guard let fi else { fuse_reply_err(req, EBADF); return }
         let handle = UInt64(fi.pointee.fh)
         ctx.serve(req, "read") {
@@ -296,10 +300,12 @@ func makeOperations() -> fuse_lowlevel_ops {
             let written = try ctx.fs.write(handle: handle, offset: Int64(offset), bytes: UnsafeRawPointer(buffer), count: size)
             fuse_reply_write(req, written)
         }
+        ReceiveBufferPages.written(UnsafeRawPointer(buffer), count: size)
     }
 
     ops.flush = { req, _, fi in
         let ctx = FUSEContext.from(req)
+        ReceiveBufferPages.smallRequest()
         guard let fi else { fuse_reply_err(req, EBADF); return }
         let handle = UInt64(fi.pointee.fh)
         ctx.serve(req, "flush") {
@@ -310,6 +316,7 @@ func makeOperations() -> fuse_lowlevel_ops {
 
     ops.release = { req, _, fi in
         let ctx = FUSEContext.from(req)
+        ReceiveBufferPages.smallRequest()
         guard let fi else { fuse_reply_err(req, EBADF); return }
         let handle = UInt64(fi.pointee.fh)
         ctx.serve(req, "release") {

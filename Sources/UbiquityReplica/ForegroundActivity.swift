@@ -1,5 +1,6 @@
 import Foundation
 import Synchronization
+import UbiquityStore
 
 /// When programs last used the mount, so that background work gives way to them.
 ///
@@ -42,12 +43,12 @@ public final class ForegroundActivity: Sendable {
     /// A program's request reached the mount (one atomic store: called on
     /// every read, write and lookup).
     public func note() {
-        lastRequest.store(Self.now(), ordering: .relaxed)
+        lastRequest.store(MonotonicClock.now(), ordering: .relaxed)
     }
 
     /// A program's request changes the namespace (a create, a rename…).
     public func noteChange() {
-        let now = Self.now()
+        let now = MonotonicClock.now()
         lastRequest.store(now, ordering: .relaxed)
         lastChange.store(now, ordering: .relaxed)
     }
@@ -58,25 +59,19 @@ public final class ForegroundActivity: Sendable {
     public func untilQuiet(changesOnly: Bool = false) -> UInt64 {
         let last = changesOnly ? lastChange.load(ordering: .relaxed) : lastRequest.load(ordering: .relaxed)
         let quietAt = last &+ Self.quietWindow
-        let now = Self.now()
+        let now = MonotonicClock.now()
         return quietAt > now ? quietAt - now : 0
     }
 
     /// Wait until the mount has been quiet for `quietWindow`, at most
     /// `longest` nanoseconds. Returns at once when it is quiet.
     public func waitForQuiet(longest: UInt64 = ForegroundActivity.longestWait) {
-        let deadline = Self.now() + longest
+        let deadline = MonotonicClock.now() + longest
         while true {
             let wait = untilQuiet()
-            let now = Self.now()
+            let now = MonotonicClock.now()
             guard wait > 0, now < deadline else { return }
             Thread.sleep(forTimeInterval: Double(min(wait, deadline - now)) / 1e9)
         }
-    }
-
-    public static func now() -> UInt64 {
-        var ts = timespec()
-        clock_gettime(CLOCK_MONOTONIC, &ts)
-        return UInt64(ts.tv_sec) * 1_000_000_000 + UInt64(ts.tv_nsec)
     }
 }

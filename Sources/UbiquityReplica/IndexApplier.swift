@@ -113,10 +113,10 @@ final class IndexApplier: @unchecked Sendable {
             let deadline = Date().addingTimeInterval(Self.gatherDelay)
             while !stopping && condition.wait(until: deadline) {}
             // Then for a pause in the namespace changes (bounded, see above).
-            let latest = ForegroundActivity.now() + ForegroundActivity.longestDeferral
+            let latest = MonotonicClock.now() + ForegroundActivity.longestDeferral
             while !stopping && draining == 0 && queuedOps < Self.batchLimit {
                 let wait = foreground.untilQuiet(changesOnly: true)
-                let now = ForegroundActivity.now()
+                let now = MonotonicClock.now()
                 guard wait > 0, now < latest else { break }
                 _ = condition.wait(until: Date(timeIntervalSinceNow: Double(min(wait, latest - now)) / 1e9))
             }

@@ -122,7 +122,7 @@ extension SyncEngine {
         }
         guard usage > limit else { return }
         var excess = usage - limit
-        let now = Self.monotonicNow()
+        let now = MonotonicClock.now()
         let waiting = limitRefusals.withLock { refusals in
             refusals = refusals.filter { $0.value > now }
             return Set(refusals.keys)

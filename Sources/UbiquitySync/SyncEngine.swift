@@ -253,7 +253,7 @@ public final class SyncEngine: Sendable {
             let attempts = (failures[ino]?.attempts ?? 0) + 1
             let wait = min(Self.maxUploadBackoff, pow(2, Double(min(attempts, 16))))
             failures[ino] = UploadFailure(attempts: attempts, generation: generation,
-                                          retryAt: Self.monotonicNow() + UInt64(wait * 1e9), message: message)
+                                          retryAt: MonotonicClock.now() + UInt64(wait * 1e9), message: message)
             return attempts
         }
         if attempts == 1 { record(error: UbiquityError(EIO, "cannot upload \(replica.withNamespace { $0.path(of: ino) } ?? "inode \(ino)"): \(message)")) }
@@ -329,7 +329,7 @@ public final class SyncEngine: Sendable {
     }
 
     func pushLocked(ignoreDelay: Bool) throws -> Bool {
-        let now = Self.monotonicNow()
+        let now = MonotonicClock.now()
         let delay = ignoreDelay ? 0 : UInt64(writeBackDelay * 1e9)
         // Files waiting after a failure (inode → the generation that failed).
         let backingOff = ignoreDelay ? [:] : uploadFailures.withLock { failures in
@@ -581,11 +581,6 @@ public final class SyncEngine: Sendable {
         try replica.persist(.mayUseReserve)
     }
 
-    static func monotonicNow() -> UInt64 {
-        var ts = timespec()
-        clock_gettime(CLOCK_MONOTONIC, &ts)
-        return UInt64(ts.tv_sec) * 1_000_000_000 + UInt64(ts.tv_nsec)
-    }
 }
 
 /// What `ubiquityfs status` shows about sync.
