@@ -11,6 +11,13 @@ public struct PendingEntry: Sendable, Equatable {
     /// the same node tells that both devices moved that node away from there
     /// (see `ChangeApplier`).
     public var base: UInt64
+    /// The new node (not in the store yet) the entry named when this device
+    /// last changed it; 0 when it named nothing or a stored node, or when
+    /// that is not known (read back from the index). A hint that spares the
+    /// sync engine a lookup per entry: a remote change can make it stale,
+    /// and every use either checks it with a lookup or only holds the entry
+    /// back while a backlog lasts (see `SyncEngine.buildBatch`).
+    public var newChild: UInt64 = 0
 }
 
 /// The replica's in-memory tables: every node and entry, kept coherent with
@@ -309,7 +316,7 @@ public struct Namespace: Sendable {
         }
         touched(ino)
         log.append(.entry(parent: parent, name: name, child: ino))
-        if local { markEntryPending(parent, name, base: previous) }
+        if local { markEntryPending(parent, name, base: previous, newChild: version(of: ino) == 0 ? ino : 0) }
     }
 
     /// Remove the entry `name` from `parent`; returns the node it named.
@@ -436,12 +443,12 @@ public struct Namespace: Sendable {
 
     /// The entry changed here; `base` is what it named before (kept from the
     /// first change until the entry is pushed).
-    mutating func markEntryPending(_ parent: UInt64, _ name: FileName, base: UInt64) {
+    mutating func markEntryPending(_ parent: UInt64, _ name: FileName, base: UInt64, newChild: UInt64 = 0) {
         let key = EntryKey(parent: parent, name: name)
         savePending(key)
         let change = nextChange()
         let base = pendingEntries[key]?.base ?? base
-        pendingEntries[key] = PendingEntry(change: change, base: base)
+        pendingEntries[key] = PendingEntry(change: change, base: base, newChild: newChild)
         log.append(.pendingEntry(parent: parent, name: name, change: change, base: base))
     }
 
@@ -452,6 +459,16 @@ public struct Namespace: Sendable {
             pendingEntries[key] = nil
             log.append(.clearPendingEntry(parent: key.parent, name: key.name))
         }
+    }
+
+    /// `ino` is in the store now: its entry (the last one it was linked as)
+    /// no longer names a new node, whether or not that entry was pushed with it.
+    public mutating func nodeStored(_ ino: UInt64) {
+        guard let node = store.node(ino) else { return }
+        let key = EntryKey(parent: node.lastParent, name: node.lastName)
+        guard pendingEntries[key]?.newChild == ino else { return }
+        savePending(key)
+        pendingEntries[key]?.newChild = 0
     }
 
     /// The entry now holds what the store holds (a remote change set its
@@ -704,11 +721,13 @@ public struct Namespace: Sendable {
             items += 1
             bytes += store.unpushedContentBytes(slot: slot)
         }
-        // Entries count as items of their own unless their node is already counted.
-        items += pendingEntries.keys.filter { key in
-            guard let child = lookup(key.parent, key.name) else { return true }
-            return !unpushed.contains(child)
-        }.count
+        // Entries count as items of their own unless their node is already
+        // counted. By the `newChild` hint where there is one: with nothing
+        // unpushed every entry counts either way, so zero is always exact.
+        for (key, pending) in pendingEntries {
+            let child: UInt64? = pending.newChild != 0 ? pending.newChild : lookup(key.parent, key.name)
+            if child.map({ !unpushed.contains($0) }) ?? true { items += 1 }
+        }
         return (items, bytes)
     }
 
