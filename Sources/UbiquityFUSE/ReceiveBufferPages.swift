@@ -57,13 +57,12 @@ enum ReceiveBufferPages {
         let end = (UInt(bitPattern: bytes) + UInt(count)) & ~(pageSize - 1)
         guard end > first else { return }
         let h = held()
-        if h.pointee.length == 0 || first < h.pointee.start {
-            let oldEnd = h.pointee.length == 0 ? end : h.pointee.start + UInt(h.pointee.length)
-            h.pointee.start = first
-            h.pointee.length = Int(max(end, oldEnd) - first)
-        } else {
-            h.pointee.length = Int(max(end, h.pointee.start + UInt(h.pointee.length)) - h.pointee.start)
-        }
+        // The union with what is noted already (writes start at the same place in the buffer).
+        let (start, stop) = h.pointee.length == 0
+            ? (first, end)
+            : (min(first, h.pointee.start), max(end, h.pointee.start + UInt(h.pointee.length)))
+        h.pointee.start = start
+        h.pointee.length = Int(stop - start)
         h.pointee.since = MonotonicClock.now()
     }
 
