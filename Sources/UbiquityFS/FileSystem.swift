@@ -166,7 +166,7 @@ public final class FileSystem: Sendable {
         return try change(.grows) { ns in
             if let ino = try existing(ns) { return ino }
             let now = Timespec.now()
-            let ino = ns.createNode(id: ns.inoByID[id] == nil ? id : UUID().uuidString.lowercased(), kind: .directory,
+            let ino = ns.createNode(id: ns.inoByID[id] == nil ? id : .next(), kind: .directory,
                                     mode: 0o755, uid: owner.uid, gid: owner.gid, time: now)
             ns.linkEntry(root, name, ino)
             ns.update(root) { $0.mtime = now; $0.ctime = now }

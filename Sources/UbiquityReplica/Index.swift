@@ -52,6 +52,9 @@ final class Index: Sendable {
         }
     }
 
+    /// Give back SQLite's page cache and prepared statements.
+    func releaseMemory() { db.releaseMemory() }
+
     /// Number of the last operation log record the index holds (0: none).
     func logApplied() throws -> UInt64 {
         do {

@@ -17,6 +17,11 @@ import UbiquityStore
 /// background work that would otherwise share the CPUs with a burst of
 /// metadata operations. `drain` and `stop` cut the wait short.
 ///
+/// Once the queue has been empty for `idleRelease`, SQLite's page cache
+/// and prepared statements are given back (some 2 MB: a daemon at rest is
+/// part of issue #11's memory budget); the next batch reads its pages
+/// again from the file, which the kernel still caches.
+///
 /// A write SQLite refuses (a full disk) is retried a second later; nothing
 /// is lost meanwhile, the records stay in the log (and the queue). Only
 /// `drain` (closing the replica) waits for the queue to empty.
@@ -47,6 +52,8 @@ final class IndexApplier: @unchecked Sendable {
     /// How long the first record of a batch waits for others (a record is
     /// committed once it is in the log; this only delays SQLite's copy).
     static let gatherDelay = 0.05
+    /// How long the queue stays empty before SQLite's caches are given back.
+    static let idleRelease = 2.0
 
     init(index: Index, appliedSeq: UInt64, foreground: ForegroundActivity, applied: @escaping @Sendable (UInt64) -> Void) {
         self.index = index
@@ -106,9 +113,22 @@ final class IndexApplier: @unchecked Sendable {
         // Background work, like pushing: the programs using the mount come first.
         LinuxCalls.lowerThreadPriority()
         var reported: String?
+        var cachesHeld = false
         while true {
             condition.lock()
-            while queue.isEmpty && !stopping { condition.wait() }
+            while queue.isEmpty && !stopping {
+                guard cachesHeld else {
+                    condition.wait()
+                    continue
+                }
+                if !condition.wait(until: Date(timeIntervalSinceNow: Self.idleRelease)) && queue.isEmpty && !stopping {
+                    condition.unlock()
+                    index.releaseMemory()
+                    LinuxCalls.releaseFreeMemory()
+                    cachesHeld = false
+                    condition.lock()
+                }
+            }
             // Let a burst gather: one transaction per `gatherDelay`, not per record.
             let deadline = Date().addingTimeInterval(Self.gatherDelay)
             while !stopping && condition.wait(until: deadline) {}
@@ -150,6 +170,7 @@ final class IndexApplier: @unchecked Sendable {
                 condition.broadcast()
                 condition.unlock()
                 reported = nil
+                cachesHeld = true
                 index.checkpointIfDue()
                 applied(last)
             } catch {

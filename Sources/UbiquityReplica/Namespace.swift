@@ -177,7 +177,7 @@ public struct Namespace: Sendable {
     }
 
     /// Create a node (not yet linked anywhere) and return its inode number.
-    public mutating func createNode(ino reserved: UInt64? = nil, id: NodeID = .random(), kind: NodeKind,
+    public mutating func createNode(ino reserved: UInt64? = nil, id: NodeID = .next(), kind: NodeKind,
                                     mode: UInt32, uid: UInt32, gid: UInt32, rdev: UInt64 = 0, target: String? = nil,
                                     time: Timespec = .now(), local: Bool = true) -> UInt64 {
         let ino = reserved ?? reserveIno()
@@ -562,10 +562,11 @@ public struct Namespace: Sendable {
     mutating func shrinkSparseTables() {
         if pendingEntries.isSparse { pendingEntries.shrink() }
         if unpushed.isSparse { unpushed.shrink() }
-        if store.unsettled.isSparse || store.extras.isSparse {
+        if store.unsettled.isSparse || store.extras.isSparse || store.wideIDs.isSparse {
             let store = storeForWriting()
             if store.unsettled.isSparse { store.unsettled.shrink() }
             if store.extras.isSparse { store.extras.shrink() }
+            if store.wideIDs.isSparse { store.wideIDs.shrink() }
         }
     }
 

@@ -5,9 +5,10 @@ import UbiquityStore
 /// form behind `Namespace.nodes`, `Namespace.inoByID` and
 /// `Namespace.children` (issue #11: 1,000,000 items in at most 200 MiB).
 ///
-/// - **A node is a 112-byte record** (`NodeRecord`) in chunks of 4,096
-///   records, found by its slot number. The ID and the content hash are
-///   kept in their bytes (`StoredID`, `StoredHash`), times as nanoseconds,
+/// - **A node is a 104-byte record** (`NodeRecord`) in chunks of 4,096
+///   records, found by its slot number. The content hash is kept in its
+///   bytes (`StoredHash`); an ID made by `NodeID.next()` as the number of
+///   its series (`idSeries`) and its count, in 8 bytes; times as nanoseconds,
 ///   counters in the widths they need in practice; kind, mode and owner
 ///   are interned together (`Profile`), and so is the author. Fields that
 ///   usually equal another one are a tag: `hashSize` and `pushed` /
@@ -19,7 +20,8 @@ import UbiquityStore
 ///   needs: `pushed`, `pushedGeneration`, `hashSize`, `lastContentChange`)
 ///   and `extras` (symlink targets, xattrs, conflicts, device numbers,
 ///   open counts, an ID or hash that is not in canonical form, and any
-///   value past its field's width). `LocalNode` values are made from the
+///   value past its field's width), and `wideIDs` (a UUID of another
+///   kind, such as the random ones of earlier versions: 16 bytes). `LocalNode` values are made from the
 ///   record and its side entries when read, and taken apart when written;
 ///   a node reads back exactly as it was written, whatever its values.
 /// - **Inode numbers and IDs** are found through open-addressing tables of
@@ -57,6 +59,8 @@ final class NodeStore: @unchecked Sendable {
     var idExceptions: [StoredID: UInt64] = [:]
     var extras: [UInt32: NodeExtras] = [:]
     var unsettled: [UInt32: Unsettled] = [:]
+    var wideIDs: [UInt32: WideID] = [:]
+    var idSeries = Interner<IDSeries>()
     var profiles = Interner<Profile>()
     var authors = Interner<String>()
     var dirs: [UInt64: Directory] = [:]
@@ -67,7 +71,8 @@ final class NodeStore: @unchecked Sendable {
         let c = NodeStore()
         c.chunks = chunks; c.slotEnd = slotEnd; c.freeSlots = freeSlots; c.count = count
         c.inoBuckets = inoBuckets; c.idBuckets = idBuckets; c.idCount = idCount; c.idExceptions = idExceptions
-        c.extras = extras; c.unsettled = unsettled; c.profiles = profiles; c.authors = authors; c.dirs = dirs
+        c.extras = extras; c.unsettled = unsettled; c.wideIDs = wideIDs; c.idSeries = idSeries
+        c.profiles = profiles; c.authors = authors; c.dirs = dirs
         return c
     }
 
@@ -154,10 +159,16 @@ final class NodeStore: @unchecked Sendable {
 
     // MARK: IDs
 
-    func storedID(slot: Int) -> StoredID {
-        let r = record(slot)
-        if r.flags & NodeRecord.hasExtras != 0, let text = extras[UInt32(slot)]?.id { return .text(text) }
-        return .uuid(r.u64(NodeRecord.idOffset), r.u64(NodeRecord.idOffset + 8))
+    func storedID(slot: Int) -> StoredID { storedID(record(slot), slot: slot) }
+
+    private func storedID(_ r: NodeRecord, slot: Int) -> StoredID {
+        if r.flags & NodeRecord.idElsewhere != 0 {
+            if let wide = wideIDs[UInt32(slot)] { return .uuid(wide.high, wide.low) }
+            return .text(extras[UInt32(slot)]!.id!)
+        }
+        let packed = r.u64(NodeRecord.idOffset)
+        let series = idSeries.values[Int(packed >> 48)]
+        return .uuid(series.high, UInt64(series.lowTop) << 48 | packed & IDSeries.countMask)
     }
 
     private func idHome(_ id: StoredID, _ capacity: Int) -> Int {
@@ -328,6 +339,7 @@ final class NodeStore: @unchecked Sendable {
         let flags = record(slot).flags
         if flags & NodeRecord.hasExtras != 0 { extras[UInt32(slot)] = nil }
         if flags & NodeRecord.hasUnsettled != 0 { unsettled[UInt32(slot)] = nil }
+        if flags & NodeRecord.idElsewhere != 0 { wideIDs[UInt32(slot)] = nil }
         setRecord(slot, NodeRecord())
         freeSlots.append(UInt32(slot))
         count -= 1
@@ -351,7 +363,7 @@ final class NodeStore: @unchecked Sendable {
         let x: NodeExtras? = f & NodeRecord.hasExtras != 0 ? extras[UInt32(slot)] : nil
         let u: Unsettled? = f & NodeRecord.hasUnsettled != 0 ? unsettled[UInt32(slot)] : nil
         let profile = x?.profile ?? profiles.values[Int(r.u16(NodeRecord.profileOffset))]
-        let id: StoredID = x?.id.map(StoredID.text) ?? .uuid(r.u64(NodeRecord.idOffset), r.u64(NodeRecord.idOffset + 8))
+        let id = storedID(r, slot: slot)
         let mtime = x?.mtime ?? Timespec(nanoseconds: r.i64(NodeRecord.mtimeOffset))
         var n = LocalNode(ino: r.u48(NodeRecord.inoOffset), storedID: id, kind: profile.kind, mode: profile.mode,
                           uid: profile.uid, gid: profile.gid, time: mtime)
@@ -423,14 +435,27 @@ final class NodeStore: @unchecked Sendable {
         var x = NodeExtras()
         var needsExtras = false
         var f: UInt32 = 0
+        let key = UInt32(slot)
+        let previousFlags = previous?.flags ?? 0
 
+        var wideID: WideID?
         switch n.storedID {
         case .uuid(let high, let low):
-            r.set(u64: high, NodeRecord.idOffset)
-            r.set(u64: low, NodeRecord.idOffset + 8)
+            if let number = seriesNumber(high, low, previous: previous) {
+                r.set(u64: UInt64(number) << 48 | low & IDSeries.countMask, NodeRecord.idOffset)
+            } else {
+                f |= NodeRecord.idElsewhere
+                wideID = WideID(high: high, low: low)
+            }
         case .text(let text):
+            f |= NodeRecord.idElsewhere
             x.id = text
             needsExtras = true
+        }
+        if let wideID {
+            wideIDs[key] = wideID
+        } else if previousFlags & NodeRecord.idElsewhere != 0 {
+            wideIDs[key] = nil
         }
         if let hash = n.storedHash {
             f |= NodeRecord.hasHash
@@ -550,8 +575,6 @@ final class NodeStore: @unchecked Sendable {
             needsExtras = true
         }
 
-        let key = UInt32(slot)
-        let previousFlags = previous?.flags ?? 0
         if needsExtras {
             f |= NodeRecord.hasExtras
             extras[key] = x
@@ -567,6 +590,19 @@ final class NodeStore: @unchecked Sendable {
         }
         r.flags = f
         setRecord(slot, r)
+    }
+
+    /// The number of the series of an ID made by `NodeID.next()` (a UUID of
+    /// version 8), usually the one the node had; nil for other IDs, and once
+    /// 65,535 series are known.
+    private func seriesNumber(_ high: UInt64, _ low: UInt64, previous: NodeRecord?) -> UInt16? {
+        guard (high >> 12) & 0xF == 8 else { return nil }
+        let series = IDSeries(high: high, lowTop: UInt16(low >> 48))
+        if let previous, previous.flags & NodeRecord.idElsewhere == 0 {
+            let number = UInt16(previous.u64(NodeRecord.idOffset) >> 48)
+            if idSeries.values[Int(number)] == series { return number }
+        }
+        return idSeries.index(of: series)
     }
 
     /// Nanoseconds since the epoch, if `t` is exactly that many.
@@ -649,24 +685,25 @@ final class NodeStore: @unchecked Sendable {
     }
 }
 
-/// One node's fixed part: 112 bytes, 4-byte aligned (see `NodeStore`).
+/// One node's fixed part: 104 bytes, 4-byte aligned (see `NodeStore`).
 ///
-///     0 id (16)   16 hash (32)   48 mtime   56 btime (8 each)   64 lastAccess (4)
-///     68 ino   74 lastParent   80 change (48 bits each)   86 nlink (16)
-///     88 size   92 version   96 name offset (32 each)
-///     100 contentGeneration   102 lookups   104 profile   106 author (16 each)
-///     108 flags (24 bits) and contentEpoch (8)
+///     0 id (series number 16 bits, count 48)   8 hash (32)
+///     40 mtime   48 btime (8 each)   56 lastAccess (4)
+///     60 ino   66 lastParent   72 change (48 bits each)   78 nlink (16)
+///     80 size   84 version   88 name offset (32 each)
+///     92 contentGeneration   94 lookups   96 profile   98 author (16 each)
+///     100 flags (24 bits) and contentEpoch (8)
 struct NodeRecord: Sendable {
     typealias Words = (UInt32, UInt32, UInt32, UInt32, UInt32, UInt32, UInt32, UInt32, UInt32, UInt32,
                        UInt32, UInt32, UInt32, UInt32, UInt32, UInt32, UInt32, UInt32, UInt32, UInt32,
-                       UInt32, UInt32, UInt32, UInt32, UInt32, UInt32, UInt32, UInt32)
-    var words: Words = (0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
+                       UInt32, UInt32, UInt32, UInt32, UInt32, UInt32)
+    var words: Words = (0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0)
 
-    static let idOffset = 0, hashOffset = 16, mtimeOffset = 48, btimeOffset = 56, lastAccessOffset = 64
-    static let inoOffset = 68, lastParentOffset = 74, changeOffset = 80, nlinkOffset = 86
-    static let sizeOffset = 88, versionOffset = 92, nameOffset = 96
-    static let contentGenerationOffset = 100, lookupsOffset = 102, profileOffset = 104, authorOffset = 106
-    static let flagsOffset = 108
+    static let idOffset = 0, hashOffset = 8, mtimeOffset = 40, btimeOffset = 48, lastAccessOffset = 56
+    static let inoOffset = 60, lastParentOffset = 66, changeOffset = 72, nlinkOffset = 78
+    static let sizeOffset = 80, versionOffset = 84, nameOffset = 88
+    static let contentGenerationOffset = 92, lookupsOffset = 94, profileOffset = 96, authorOffset = 98
+    static let flagsOffset = 100
 
     // Flags (bits 0–23 of the word at 108; bits 24–31 are contentEpoch).
     static let hasContent: UInt32 = 1 << 0
@@ -687,6 +724,8 @@ struct NodeRecord: Sendable {
     static let kernelEpochShift: UInt32 = 13
     /// lastName: 0 empty, 1 the entry's bytes (`nameOffset` in the directory `lastParent`), 2 in `extras`.
     static let nameShift: UInt32 = 15
+    /// The ID is not a series number and count: it is in `wideIDs` or (text) in `extras`.
+    static let idElsewhere: UInt32 = 1 << 17
 
     @inline(__always) func load<T>(_ offset: Int, as type: T.Type) -> T {
         withUnsafeBytes(of: words) { $0.loadUnaligned(fromByteOffset: offset, as: T.self) }
@@ -759,6 +798,20 @@ struct Unsettled: Sendable {
     var pushedGeneration: UInt64
     var hashSize: UInt64
     var lastContentChange: UInt64
+}
+
+/// What an ID made by `NodeID.next()` shares with the others of its
+/// series: all but its last 48 bits.
+struct IDSeries: Hashable, Sendable {
+    var high: UInt64
+    var lowTop: UInt16
+    static let countMask: UInt64 = 0xFFFF_FFFF_FFFF
+}
+
+/// A UUID the record cannot hold as a series number and count.
+struct WideID: Sendable {
+    var high: UInt64
+    var low: UInt64
 }
 
 /// Kind, mode and owner, which many nodes share.

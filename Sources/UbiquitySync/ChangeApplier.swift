@@ -120,9 +120,9 @@ struct ChangeApplier {
 
     static func describe(_ change: Change) -> String {
         switch change {
-        case .node(let s): return "node \(s.id.prefix(4)) \(s.hash?.prefix(4) ?? "-")"
+        case .node(let s): return "node \(s.id.suffix(6)) \(s.hash?.prefix(4) ?? "-")"
         case .entry(let p, let n, let c): return "entry \(p.prefix(4))/\(n)=\(c?.prefix(4) ?? "nil")"
-        case .deleteNode(let id, _): return "delete \(id.prefix(4))"
+        case .deleteNode(let id, _): return "delete \(id.suffix(6))"
         }
     }
 
@@ -201,8 +201,8 @@ struct ChangeApplier {
     /// becomes a new node under a conflicted-copy name in the same places.
     mutating func splitConflict(_ ino: UInt64, remote: NodeState, to ns: inout Namespace) {
         let places = ns.entriesNaming(ino)
-        trace("[\(deviceName)]   split \(remote.id.prefix(4)) at \(places.map { "\($0.name)" })")
-        ns.rekey(ino, to: UUID().uuidString.lowercased())
+        trace("[\(deviceName)]   split \(remote.id.suffix(6)) at \(places.map { "\($0.name)" })")
+        ns.rekey(ino, to: .next())
         createNode(remote, to: &ns)
         guard let original = ns.inoByID[remote.id], let copyID = ns.node(ino)?.id else { return }
         ns.rebasePendingEntries(from: ino, to: original)
@@ -286,7 +286,7 @@ struct ChangeApplier {
                 // Both put something at this name (or it replaces content edited here): ours moves aside.
                 ns.unlinkEntry(parent, name, local: false)
                 let copyName = conflictName(name, in: parent, ns: ns)
-                trace("[\(deviceName)]   aside \(node.id.prefix(4)) \(name) -> \(copyName)")
+                trace("[\(deviceName)]   aside \(node.id.suffix(6)) \(name) -> \(copyName)")
                 ns.linkEntry(parent, copyName, existing, local: true)
                 changes.entry(parent, copyName, in: ns)
             } else {
@@ -326,7 +326,7 @@ struct ChangeApplier {
     /// whatever such a rename replaced comes back.
     mutating func undoLocalMoves(of ino: UInt64, keeping kept: EntryKey, to ns: inout Namespace) {
         for place in ns.entriesNaming(ino) where place != kept && ns.pendingEntries[place] != nil && !remoteKeys.contains(place) {
-            trace("[\(deviceName)]   undo local move of \(ns.node(ino)?.id.prefix(4) ?? "?") to \(place.name)")
+            trace("[\(deviceName)]   undo local move of \(ns.node(ino)?.id.suffix(6) ?? "?") to \(place.name)")
             ns.unlinkEntry(place.parent, place.name)
             if let replaced = ns.pendingEntries[place]?.base, replaced != 0, replaced != ino,
                let node = ns.node(replaced), node.unlinked, node.kind != .directory, !remoteChildren.contains(node.id) {
@@ -383,7 +383,7 @@ struct ChangeApplier {
             } else {
                 survives = node.hasUnpushedContent
             }
-            trace("[\(deviceName)]   delete \(node.id.prefix(4)) survives=\(survives)")
+            trace("[\(deviceName)]   delete \(node.id.suffix(6)) survives=\(survives)")
             if survives {
                 // Push the node and its entries again: the other devices re-create them.
                 ns.update(ino) { $0.version = 0 }
@@ -441,7 +441,7 @@ struct ChangeApplier {
         let name = ns.lookup(node.lastParent, node.lastName) == nil
             ? node.lastName : conflictName(node.lastName, in: node.lastParent, ns: ns)
         ns.linkEntry(node.lastParent, name, ino, local: true)
-        trace("[\(deviceName)]   resurrect \(node.id.prefix(4)) at \(name)")
+        trace("[\(deviceName)]   resurrect \(node.id.suffix(6)) at \(name)")
         ns.update(ino) { _ in }
         changes.entry(node.lastParent, name, in: ns)
     }

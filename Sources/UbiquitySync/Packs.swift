@@ -37,6 +37,8 @@ import UbiquityStore
 /// are reused to skip an upload.
 final class PackIndex: Sendable {
     let db: DatabaseQueue
+    /// Whether SQLite was used since its caches were last given back.
+    private let cachesUsed = Atomic(false)
 
     init(directory: URL, logger: Logger) {
         let path = directory.appendingPathComponent("packs.sqlite").path
@@ -78,22 +80,33 @@ final class PackIndex: Sendable {
         PackLocation(hash: row["pack"], offset: UInt64(bitPattern: row["offset"] as Int64))
     }
 
+    /// Give back SQLite's page cache and prepared statements, if it was used
+    /// since the last time; whether it was.
+    func releaseMemoryIfUsed() -> Bool {
+        guard cachesUsed.exchange(false, ordering: .relaxed) else { return false }
+        db.releaseMemory()
+        return true
+    }
+
     /// The best location of content `hash` (see the type), or with `ownOnly`
     /// one this device stored itself.
     func location(of hash: String, ownOnly: Bool = false) -> PackLocation? {
         // Asked once per pushed file: a prepared statement, not SQL compiled each time.
-        try? db.read { db in
+        cachesUsed.store(true, ordering: .relaxed)
+        return try? db.read { db in
             try Row.fetchOne(db.cachedStatement(sql: ownOnly ? Self.ownOne : Self.bestOne), arguments: [hash]).map(Self.location)
         }
     }
 
     /// Every location of content `hash`, best first (at most 8).
     func allLocations(of hash: String) -> [PackLocation] {
-        (try? db.read { db in try Row.fetchAll(db, sql: Self.best + " LIMIT 8", arguments: [hash]).map(Self.location) }) ?? []
+        cachesUsed.store(true, ordering: .relaxed)
+        return (try? db.read { db in try Row.fetchAll(db, sql: Self.best + " LIMIT 8", arguments: [hash]).map(Self.location) }) ?? []
     }
 
     func locations(of hashes: some Sequence<String>) -> [String: PackLocation] {
         let wanted = Set(hashes)
+        cachesUsed.store(true, ordering: .relaxed)
         return (try? db.read { db -> [String: PackLocation] in
             var out: [String: PackLocation] = [:]
             let statement = try db.cachedStatement(sql: Self.bestOne)
@@ -109,6 +122,7 @@ final class PackIndex: Sendable {
     func record(_ locations: [String: PackLocation], own: Bool) throws {
         guard !locations.isEmpty else { return }
         let now = Int64(Date().timeIntervalSince1970 * 1e6)
+        cachesUsed.store(true, ordering: .relaxed)
         try db.write { db in
             let statement = try db.cachedStatement(sql: """
                 INSERT INTO packed(hash, pack, offset, own, seen) VALUES (?, ?, ?, ?, ?)

@@ -48,7 +48,7 @@ extension SyncEngine {
                     return nil
                 }
                 // The inode that was being written becomes a new node (content and all).
-                let copyID = UUID().uuidString.lowercased()
+                let copyID = NodeID.next()
                 ns.rekey(ino, to: copyID)
                 ns.update(ino, local: false) { n in
                     n.unacknowledgedWrites = false

@@ -205,6 +205,9 @@ public final class SyncEngine: Sendable {
                     LinuxCalls.releaseFreeMemory()
                     lastRelease = Date()
                 }
+                // Nothing to push: the pack index's SQLite caches go back too, if
+                // used since (pulls and downloads fill them again from the file).
+                if rounds == 0, packs.releaseMemoryIfUsed() { LinuxCalls.releaseFreeMemory() }
                 backoff = 1
             } catch {
                 record(error: error)

@@ -46,7 +46,8 @@ import UbiquityStore
     static let counters: [UInt64] = [0, 1, 7, 0xFF, 0x100, 0xFFFF, 0x1_0000, 0xFFFF_FFFF, 0x1_0000_0000, 1 << 48, UInt64.max]
 
     static func randomNode(ino: UInt64, _ r: inout Random) -> LocalNode {
-        let ids: [NodeID] = [.random(), .random(), "root", "documents", NodeID.random().uppercased(), "an-id", ""]
+        let ids: [NodeID] = [.next(), .next(), .random(), "root", "documents", NodeID.random().uppercased(),
+                             NodeID.next().uppercased(), "an-id", "", Self.foreignSeriesID]
         let kind = pick([NodeKind.file, .file, .directory, .symlink, .fifo, .charDevice], &r)
         var n = LocalNode(ino: ino, id: pick(ids, &r), kind: kind, mode: pick([0o100644, 0o40755, 0o777, 0x1_2345], &r),
                           uid: pick([0, 1000, UInt32.max], &r), gid: pick([0, 100, 70000], &r),
@@ -85,6 +86,54 @@ import UbiquityStore
         n.contentEpoch = UInt32(truncatingIfNeeded: pick(counters, &r))
         n.kernelEpoch = pick([n.contentEpoch, n.contentEpoch &- 1, 0, 77], &r)
         return n
+    }
+
+    /// An ID of version 8 made elsewhere (another series).
+    static let foreignSeriesID: NodeID = "0123abcd-4567-8def-9abc-0000000000ff"
+
+    /// `NodeID.next()`: UUIDs of version 8 of one series, counted up.
+    @Test func madeIDsAreOneSeriesCounted() throws {
+        let made = (0..<1_000).map { _ in NodeID.next() }
+        #expect(Set(made).count == made.count)
+        let words = try made.map { try #require(Hex.uuid($0)) }
+        for (high, low) in words {
+            #expect((high >> 12) & 0xF == 8)
+            #expect(low >> 62 == 0b10)
+            #expect(high == words[0].0 && low >> 48 == words[0].1 >> 48)
+        }
+        // Counted up (other tests make IDs at the same time, so not one by one).
+        for i in 1..<words.count { #expect(words[i].1 & IDSeries.countMask > words[i - 1].1 & IDSeries.countMask) }
+    }
+
+    /// Past 65,535 series an ID of version 8 is kept whole, and reads back
+    /// the same; so does an ID of a series once its node is rewritten.
+    @Test func idsPastTheLastSeriesNumberReadBack() {
+        let store = NodeStore()
+        var ids: [UInt64: NodeID] = [:]
+        for ino in UInt64(1)...70_000 {
+            let id = Hex.uuidString(0x1234_5678_0000_8000 | ino << 16, 0x8000_0000_0000_0001)
+            ids[ino] = id
+            store.set(LocalNode(ino: ino, id: id, kind: .file, mode: 0o100644, uid: 0, gid: 0, time: .now()))
+            store.setIno(ino, forID: StoredID(id))
+        }
+        #expect(store.idSeries.values.count == Int(UInt16.max))
+        #expect(store.wideIDs.count == 70_000 - Int(UInt16.max))
+        for (ino, id) in ids {
+            #expect(store.node(ino)?.id == id)
+            #expect(store.ino(forID: StoredID(id)) == ino)
+        }
+        // A node whose ID changes from wide to a known series and back.
+        var n = store.node(69_999)!
+        n.id = ids[1]!
+        store.setIno(nil, forID: StoredID(ids[1]!))
+        store.set(n)
+        #expect(store.wideIDs[UInt32(store.slot(of: 69_999)!)] == nil)
+        #expect(store.node(69_999)?.id == ids[1])
+        n.id = .random()
+        store.set(n)
+        store.setIno(69_999, forID: StoredID(n.id))
+        #expect(store.node(69_999)?.id == n.id)
+        #expect(store.ino(forID: StoredID(n.id)) == 69_999)
     }
 
     @Test func everyNodeReadsBackAsWritten() {
@@ -126,7 +175,7 @@ import UbiquityStore
         var nodes: [UInt64: LocalNode] = [:]
         var dirs: [UInt64: [FileName: DirEntry]] = [:]
         var ids: [NodeID: UInt64] = [:]
-        let idPool: [NodeID] = (0..<40).map { $0 % 5 == 0 ? "id-\($0)" : NodeID.random() }
+        let idPool: [NodeID] = (0..<40).map { $0 % 5 == 0 ? "id-\($0)" : $0 % 2 == 0 ? NodeID.random() : NodeID.next() }
         func randomName() -> FileName {
             let base = Self.pick(["a", "file-", String(repeating: "long-name-", count: 20), "ü"], &r)
             return FileName(base + String(r.next() % 60))
