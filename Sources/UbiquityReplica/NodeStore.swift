@@ -21,9 +21,10 @@ import UbiquityStore
 ///   and `extras` (symlink targets, xattrs, conflicts, device numbers,
 ///   open counts, an ID or hash that is not in canonical form, and any
 ///   value past its field's width), and `wideIDs` (a UUID of another
-///   kind, such as the random ones of earlier versions: 16 bytes). `LocalNode` values are made from the
-///   record and its side entries when read, and taken apart when written;
-///   a node reads back exactly as it was written, whatever its values.
+///   kind, such as the random ones of earlier versions: 16 bytes).
+///   `LocalNode` values are made from the record and its side entries when
+///   read, and taken apart when written; a node reads back exactly as it
+///   was written, whatever its values.
 /// - **Inode numbers and IDs** are found through open-addressing tables of
 ///   4-byte slot numbers (linear probing, at most 4/5 full), whose keys are
 ///   the records' own `ino` and ID. `inoByID` is a map of its own: an ID
@@ -705,7 +706,7 @@ struct NodeRecord: Sendable {
     static let contentGenerationOffset = 92, lookupsOffset = 94, profileOffset = 96, authorOffset = 98
     static let flagsOffset = 100
 
-    // Flags (bits 0–23 of the word at 108; bits 24–31 are contentEpoch).
+    // Flags (bits 0–23 of the word at 100; bits 24–31 are contentEpoch).
     static let hasContent: UInt32 = 1 << 0
     static let unlinked: UInt32 = 1 << 1
     static let pinned: UInt32 = 1 << 2
