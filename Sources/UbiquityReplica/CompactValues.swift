@@ -20,7 +20,7 @@ enum StoredID: Hashable, Sendable {
 
     var string: NodeID {
         switch self {
-        case .uuid(let high, let low): return Hex.uuidString(high, low)
+        case .uuid(let high, let low): return NodeID.uuid(high, low)
         case .text(let text): return text
         }
     }
@@ -74,24 +74,6 @@ enum Hex {
                 nibbles += 1
             }
             return words
-        }
-    }
-
-    static func uuidString(_ high: UInt64, _ low: UInt64) -> String {
-        String(unsafeUninitializedCapacity: 36) { out in
-            digits.withUnsafeBufferPointer { digits in
-                var o = 0
-                for position in 0..<32 {
-                    if position == 8 || position == 12 || position == 16 || position == 20 {
-                        out[o] = 0x2d
-                        o += 1
-                    }
-                    let word = position < 16 ? high : low
-                    out[o] = digits[Int((word >> UInt64(60 - 4 * (position & 15))) & 0xF)]
-                    o += 1
-                }
-                return o
-            }
         }
     }
 

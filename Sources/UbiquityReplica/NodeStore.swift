@@ -169,7 +169,7 @@ final class NodeStore: @unchecked Sendable {
         }
         let packed = r.u64(NodeRecord.idOffset)
         let series = idSeries.values[Int(packed >> 48)]
-        return .uuid(series.high, UInt64(series.lowTop) << 48 | packed & IDSeries.countMask)
+        return .uuid(series.high, UInt64(series.lowTop) << 48 | packed & NodeID.seriesCountMask)
     }
 
     private func idHome(_ id: StoredID, _ capacity: Int) -> Int {
@@ -443,7 +443,7 @@ final class NodeStore: @unchecked Sendable {
         switch n.storedID {
         case .uuid(let high, let low):
             if let number = seriesNumber(high, low, previous: previous) {
-                r.set(u64: UInt64(number) << 48 | low & IDSeries.countMask, NodeRecord.idOffset)
+                r.set(u64: UInt64(number) << 48 | low & NodeID.seriesCountMask, NodeRecord.idOffset)
             } else {
                 f |= NodeRecord.idElsewhere
                 wideID = WideID(high: high, low: low)
@@ -597,7 +597,7 @@ final class NodeStore: @unchecked Sendable {
     /// version 8), usually the one the node had; nil for other IDs, and once
     /// 65,535 series are known.
     private func seriesNumber(_ high: UInt64, _ low: UInt64, previous: NodeRecord?) -> UInt16? {
-        guard (high >> 12) & 0xF == 8 else { return nil }
+        guard NodeID.mayBeOfASeries(high: high) else { return nil }
         let series = IDSeries(high: high, lowTop: UInt16(low >> 48))
         if let previous, previous.flags & NodeRecord.idElsewhere == 0 {
             let number = UInt16(previous.u64(NodeRecord.idOffset) >> 48)
@@ -806,7 +806,6 @@ struct Unsettled: Sendable {
 struct IDSeries: Hashable, Sendable {
     var high: UInt64
     var lowTop: UInt16
-    static let countMask: UInt64 = 0xFFFF_FFFF_FFFF
 }
 
 /// A UUID the record cannot hold as a series number and count.

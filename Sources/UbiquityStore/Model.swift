@@ -23,8 +23,8 @@ extension NodeID {
         var generator = SystemRandomNumberGenerator()
         let high: UInt64 = generator.next()
         let low: UInt64 = generator.next()
-        return uuidString((high & ~0xF000) | 0x4000,                 // version 4
-                          (low & ~(0xC0 << 56)) | (0x80 << 56))      // RFC 4122 variant
+        return uuid((high & ~0xF000) | 0x4000,                 // version 4
+                    (low & ~(0xC0 << 56)) | (0x80 << 56))      // RFC 4122 variant
     }
 
     /// The ID of a node made here: a UUID of version 8 whose first 80 bits
@@ -35,40 +35,55 @@ extension NodeID {
     /// instead of 16 (`NodeStore`). A series that reaches 2⁴⁸ IDs is
     /// followed by a new one.
     public static func next() -> NodeID {
-        let (high, low) = IDSeries.shared.withLock { state -> (UInt64, UInt64) in
-            if state.count == 0 || state.count >> 48 != 0 {
+        let (high, low) = Minting.shared.withLock { state -> (UInt64, UInt64) in
+            if state.count == 0 || state.count > seriesCountMask {
                 var generator = SystemRandomNumberGenerator()
                 let high: UInt64 = generator.next()
                 let top: UInt16 = generator.next()
-                state = IDSeries(high: (high & ~0xF000) | 0x8000,           // version 8
-                                 lowTop: (top & 0x3FFF) | 0x8000,          // RFC 4122 variant
-                                 count: 1)
+                state = Minting(high: (high & ~0xF000) | 0x8000,           // version 8
+                                lowTop: (top & 0x3FFF) | 0x8000,          // RFC 4122 variant
+                                count: 1)
             }
             defer { state.count += 1 }
             return (state.high, UInt64(state.lowTop) << 48 | state.count)
         }
-        return uuidString(high, low)
+        return uuid(high, low)
     }
 
-    private struct IDSeries {
+    /// The bits of an ID made by `next()` that count (the rest is its series).
+    public static let seriesCountMask: UInt64 = 0xFFFF_FFFF_FFFF
+
+    /// Whether a UUID whose first 64 bits are `high` may be one made by
+    /// `next()` (it is of version 8).
+    public static func mayBeOfASeries(high: UInt64) -> Bool { (high >> 12) & 0xF == 8 }
+
+    /// This process's series and how many of its IDs were made.
+    private struct Minting {
         var high: UInt64 = 0
         var lowTop: UInt16 = 0
         var count: UInt64 = 0
-        static let shared = Mutex(IDSeries())
+        static let shared = Mutex(Minting())
     }
 
-    private static func uuidString(_ high: UInt64, _ low: UInt64) -> NodeID {
-        let digits = Array("0123456789abcdef".utf8)
-        var text = [UInt8]()
-        text.reserveCapacity(36)
-        for (index, word) in [high, low].enumerated() {
-            for nibble in 0..<16 {
-                let position = index * 16 + nibble
-                if position == 8 || position == 12 || position == 16 || position == 20 { text.append(UInt8(ascii: "-")) }
-                text.append(digits[Int((word >> UInt64(60 - 4 * nibble)) & 0xF)])
+    private static let hexDigits: [UInt8] = Array("0123456789abcdef".utf8)
+
+    /// The canonical text of the UUID whose two 64-bit halves are `high` and `low`.
+    public static func uuid(_ high: UInt64, _ low: UInt64) -> NodeID {
+        String(unsafeUninitializedCapacity: 36) { out in
+            hexDigits.withUnsafeBufferPointer { digits in
+                var o = 0
+                for position in 0..<32 {
+                    if position == 8 || position == 12 || position == 16 || position == 20 {
+                        out[o] = 0x2d
+                        o += 1
+                    }
+                    let word = position < 16 ? high : low
+                    out[o] = digits[Int((word >> UInt64(60 - 4 * (position & 15))) & 0xF)]
+                    o += 1
+                }
+                return o
             }
         }
-        return String(decoding: text, as: UTF8.self)
     }
 }
 

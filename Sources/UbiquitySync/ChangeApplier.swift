@@ -121,7 +121,7 @@ struct ChangeApplier {
     static func describe(_ change: Change) -> String {
         switch change {
         case .node(let s): return "node \(s.id.suffix(6)) \(s.hash?.prefix(4) ?? "-")"
-        case .entry(let p, let n, let c): return "entry \(p.prefix(4))/\(n)=\(c?.prefix(4) ?? "nil")"
+        case .entry(let p, let n, let c): return "entry \(p.suffix(6))/\(n)=\(c?.suffix(6) ?? "nil")"
         case .deleteNode(let id, _): return "delete \(id.suffix(6))"
         }
     }

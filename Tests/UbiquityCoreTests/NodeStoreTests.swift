@@ -102,7 +102,7 @@ import UbiquityStore
             #expect(high == words[0].0 && low >> 48 == words[0].1 >> 48)
         }
         // Counted up (other tests make IDs at the same time, so not one by one).
-        for i in 1..<words.count { #expect(words[i].1 & IDSeries.countMask > words[i - 1].1 & IDSeries.countMask) }
+        for i in 1..<words.count { #expect(words[i].1 & NodeID.seriesCountMask > words[i - 1].1 & NodeID.seriesCountMask) }
     }
 
     /// Past 65,535 series an ID of version 8 is kept whole, and reads back
@@ -111,7 +111,7 @@ import UbiquityStore
         let store = NodeStore()
         var ids: [UInt64: NodeID] = [:]
         for ino in UInt64(1)...70_000 {
-            let id = Hex.uuidString(0x1234_5678_0000_8000 | ino << 16, 0x8000_0000_0000_0001)
+            let id = NodeID.uuid(0x1234_5678_0000_8000 | ino << 16, 0x8000_0000_0000_0001)
             ids[ino] = id
             store.set(LocalNode(ino: ino, id: id, kind: .file, mode: 0o100644, uid: 0, gid: 0, time: .now()))
             store.setIno(ino, forID: StoredID(id))
