@@ -20,8 +20,6 @@ struct HandleTable: Sendable {
         var streamingVersion: String?
         /// A streaming reader's run: what the kernel may drop behind it.
         var run = StreamedRun()
-        /// A reader's run through local content: what to ask the disk for ahead of it.
-        var ahead = SequentialReads()
     }
 
     struct Listing: Sendable {
@@ -37,32 +35,6 @@ struct HandleTable: Sendable {
     mutating func allocate() -> UInt64 {
         defer { nextHandle += 1 }
         return nextHandle
-    }
-}
-
-/// One reader's run: reads that each start where the last ended, give or
-/// take the kernel's read-ahead, whose requests arrive out of order on
-/// several threads. A read further than `slack` from the run's end begins
-/// a new run.
-struct ReadRun: Sendable {
-    /// How far out of order a read may be and still continue the run.
-    static let slack: Int64 = 2 << 20
-
-    /// Where the run began, and the furthest byte of it read so far.
-    private(set) var start: Int64 = 0
-    private(set) var end: Int64 = 0
-
-    var length: Int64 { end - start }
-
-    /// Note a read; false if it began a new run.
-    mutating func extend(offset: Int64, size: Int) -> Bool {
-        let readEnd = offset + Int64(size)
-        guard offset >= end - Self.slack && offset <= end + Self.slack else {
-            (start, end) = (offset, readEnd)
-            return false
-        }
-        end = max(end, readEnd)
-        return true
     }
 }
 
@@ -84,51 +56,28 @@ struct StreamedRun: Sendable {
     /// Given back at a time (one notification to the kernel each).
     static let step: Int64 = 8 << 20
 
-    var run = ReadRun()
+    /// How far out of order a read may be and still continue the run: the
+    /// kernel's read-ahead requests arrive out of order on several threads.
+    /// A read further than this from the run's end begins a new run.
+    static let slack: Int64 = 2 << 20
+
+    /// The furthest byte of the run read so far.
+    var end: Int64 = 0
     /// Where the part not dropped yet begins (at first, where the run began).
     var passedUpTo: Int64 = 0
 
     /// Note a read; the range the kernel may drop now, if any.
     mutating func read(offset: Int64, size: Int) -> Range<Int64>? {
-        if !run.extend(offset: offset, size: size) { passedUpTo = offset }
-        let upTo = (run.end - Self.lag) / Self.step * Self.step
+        let readEnd = offset + Int64(size)
+        if offset >= end - Self.slack && offset <= end + Self.slack {
+            end = max(end, readEnd)
+        } else {
+            (end, passedUpTo) = (readEnd, offset)
+        }
+        let upTo = (end - Self.lag) / Self.step * Self.step
         guard upTo - passedUpTo >= Self.step else { return nil }
         defer { passedUpTo = upTo }
         return passedUpTo..<upTo
-    }
-}
-
-/// A reader reading local content on from where it stopped, and what of
-/// the cache file to ask the disk for ahead of it (`POSIX_FADV_WILLNEED`).
-/// The FUSE threads reach the cache file's one descriptor out of order,
-/// and the kernel then keeps its own read-ahead for it small: a cold
-/// sequential read of a pushed 512 MiB file ran at 740–745 MiB/s, bindfs
-/// (one thread) at 1,367–1,849; asking 8 MiB ahead, at 1,364–1,578. A
-/// random reader never builds a run and asks for nothing.
-struct SequentialReads: Sendable {
-    /// How far ahead of the furthest byte read the disk is asked to be.
-    static let ahead: Int64 = 8 << 20
-    /// Asked for at least this much at a time (one system call each).
-    static let step: Int64 = 2 << 20
-    /// A run this long is a sequential reader (two random reads that happen
-    /// to fall close together are not).
-    static let minimum: Int64 = 4 << 20
-
-    var run = ReadRun()
-    /// Where the disk was asked to read up to.
-    var askedUpTo: Int64 = 0
-
-    /// Note a read; the range to ask the disk for now, if any.
-    mutating func read(offset: Int64, size: Int) -> Range<Int64>? {
-        guard run.extend(offset: offset, size: size) else {
-            askedUpTo = run.end
-            return nil
-        }
-        let from = max(askedUpTo, run.end)
-        let upTo = run.end + Self.ahead
-        guard run.length >= Self.minimum, upTo - from >= Self.step else { return nil }
-        askedUpTo = upTo
-        return from..<upTo
     }
 }
 
@@ -355,19 +304,10 @@ extension FileSystem {
     }
 
     public func read(handle: UInt64, offset: Int64, size: Int) throws -> ReadReply {
-        // One look at the table: the file, and for local content the run's read-ahead.
-        guard let (file, ahead) = handles.withLock({ table -> (HandleTable.OpenFile, Range<Int64>?)? in
-            guard let file = table.files[handle] else { return nil }
-            guard file.streamingSize == nil else { return (file, nil) }
-            return (file, table.files[handle]?.ahead.read(offset: offset, size: size))
-        }) else { throw UbiquityError(EBADF) }
+        let file = try openFileFor(handle)
         replica.foreground.note()
-        guard let total = file.streamingSize else {
-            if let ahead {
-                _ = posix_fadvise(file.fd, off_t(ahead.lowerBound), off_t(ahead.count), POSIX_FADV_WILLNEED)
-            }
-            return .fileRange(fd: file.fd, offset: offset, size: size)
-        }
+        // Local content: the kernel's own read-ahead of the cache file serves a sequential reader.
+        guard let total = file.streamingSize else { return .fileRange(fd: file.fd, offset: offset, size: size) }
         let end = min(total, UInt64(offset) + UInt64(size))
         var held: [PinnedBytes] = []
         if UInt64(offset) < total {
