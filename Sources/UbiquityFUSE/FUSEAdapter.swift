@@ -18,6 +18,9 @@ final class FUSEContext: @unchecked Sendable {
     let logger: Logger
     /// The session serving `fs`, for notifications from a request (set once, before mounting).
     weak var session: FUSESession?
+    /// The `max_read` mount option, if given (set before mounting): `init`
+    /// must ask for the same, or libfuse refuses the kernel's INIT.
+    var maxRead: UInt32 = 0
 
     init(fs: any MountedFileSystem, logger: Logger) {
         self.fs = fs
@@ -92,7 +95,9 @@ func makeOperations() -> fuse_lowlevel_ops {
         // Writes may be up to 1 MiB (libfuse's buffer); the kernel sends less if it must.
         conn.pointee.max_write = 1 << 20
         conn.pointee.max_readahead = 1 << 20
-        _ = userdata
+        // libfuse takes `max_read` from the mount option and from here, and
+        // ends the session at INIT when the two differ.
+        if let userdata { conn.pointee.max_read = Unmanaged<FUSEContext>.fromOpaque(userdata).takeUnretainedValue().maxRead }
     }
 
     ops.lookup = { req, parent, name in

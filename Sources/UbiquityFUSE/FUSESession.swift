@@ -79,6 +79,7 @@ public final class FUSESession: @unchecked Sendable {
         var ops = makeOperations()
         var arguments = ["ubiquityfs"]
         for option in options where !option.isEmpty { arguments += ["-o", option] }
+        context.maxRead = Self.maxRead(in: options)
         var cStrings = arguments.map { strdup($0) }
         defer { cStrings.forEach { free($0) } }
         var args = ubq_args_init(Int32(cStrings.count), &cStrings)
@@ -201,6 +202,16 @@ public final class FUSESession: @unchecked Sendable {
         Glibc.close(fds[0])
         if !output.isEmpty { FileHandle.standardError.write(output) }   // the log keeps it too
         return String(decoding: output, as: UTF8.self)
+    }
+
+    /// The last `max_read=N` among comma-separated mount options (0: none,
+    /// or not a number libfuse would take either).
+    static func maxRead(in options: [String]) -> UInt32 {
+        var value: UInt32 = 0
+        for option in options.flatMap({ $0.split(separator: ",") }) where option.hasPrefix("max_read=") {
+            value = UInt32(option.dropFirst("max_read=".count)) ?? 0
+        }
+        return value
     }
 
     /// Serve requests until unmounted or stopped. Returns libfuse's status.

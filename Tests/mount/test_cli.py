@@ -87,6 +87,27 @@ def test_messages_name_paths_as_the_user_sees_them(make_device, store):
     assert "Created container" not in res.stdout, res
 
 
+def test_a_max_read_mount_option_is_kept_and_the_mount_serves(make_device):
+    """`-o max_read=N` reaches the kernel and the mount works: libfuse also
+    needs the value from the daemon's `init`, and without it ended the
+    session at the kernel's first request while `mount` had said it was
+    mounted."""
+    dev = make_device("a", mount=False)
+    dev.mount_args = ("-o", "max_read=131072")
+    res = dev.mount()
+    assert res.returncode == 0, res
+    with open("/proc/self/mountinfo") as f:
+        line = next(l for l in f if f" {dev.mountpoint} " in l)
+    assert "max_read=131072" in line, line
+    data = os.urandom(3 << 20)
+    (dev.mountpoint / "big.bin").write_bytes(data)
+    subprocess.run(["sync"], check=True)
+    with open("/proc/sys/vm/drop_caches", "w") as f:
+        f.write("3")
+    assert (dev.mountpoint / "big.bin").read_bytes() == data
+    assert dev.cli("status", str(dev.mountpoint), timeout=30).returncode == 0
+
+
 # --------------------------------------------------------------------------
 # The control protocol, against a real daemon
 # --------------------------------------------------------------------------
