@@ -45,7 +45,6 @@ static inline struct fuse_args ubq_args_init(int argc, char **argv) {
 }
 
 /* fuse_file_info packs its flags into C bitfields, which Swift cannot set. */
-static inline void ubq_fi_set_direct_io(struct fuse_file_info *fi, int v) { fi->direct_io = v ? 1 : 0; }
 static inline void ubq_fi_set_keep_cache(struct fuse_file_info *fi, int v) { fi->keep_cache = v ? 1 : 0; }
 static inline void ubq_fi_set_cache_readdir(struct fuse_file_info *fi, int v) { fi->cache_readdir = v ? 1 : 0; }
 static inline void ubq_fi_set_noflush(struct fuse_file_info *fi, int v) { fi->noflush = v ? 1 : 0; }
