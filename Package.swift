@@ -22,6 +22,7 @@ let package = Package(
     targets: [
         .systemLibrary(name: "CFuse3", pkgConfig: "fuse3", providers: [.apt(["libfuse3-dev"])]),
         .target(name: "CLinux"),
+        .target(name: "CFuseWire"),
         // Optimised in debug builds too: at -O0 the SHA kernel runs a twentieth as fast.
         .target(name: "CHashLanes", cSettings: [.unsafeFlags(["-O2"], .when(configuration: .debug))]),
         .target(
@@ -57,7 +58,7 @@ let package = Package(
             swiftSettings: swiftSettings),
         .target(
             name: "UbiquityFUSE",
-            dependencies: ["CFuse3", "UbiquityFS", .product(name: "Logging", package: "swift-log")],
+            dependencies: ["CFuse3", "CFuseWire", "UbiquityFS", .product(name: "Logging", package: "swift-log")],
             swiftSettings: swiftSettings),
         .target(name: "UbiquityProtocol", swiftSettings: swiftSettings),
         .target(

@@ -246,9 +246,9 @@ public final class DriveFileSystem: MountedFileSystem {
 
     // MARK: - Files
 
-    public func open(ino: UInt64, flags: Int32) throws -> OpenReply {
+    public func open(ino: UInt64, flags: Int32, backing: (any BackingFiles)? = nil) throws -> OpenReply {
         let (fs, local, slot) = try route(ino)
-        var opened = try fs.open(ino: local, flags: flags)
+        var opened = try fs.open(ino: local, flags: flags, backing: backing)
         opened.handle = Self.outward(opened.handle, slot)
         return opened
     }

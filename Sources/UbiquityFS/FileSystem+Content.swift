@@ -20,6 +20,9 @@ struct HandleTable: Sendable {
         var streamingVersion: String?
         /// A streaming reader's run: what the kernel may drop behind it.
         var run = StreamedRun()
+        /// Passthrough or direct: counted in `FileSystem.passthrough`, with the registry to release it to.
+        var kernelIO = KernelIO.cached
+        var backing: (any BackingFiles)?
     }
 
     struct Listing: Sendable {
@@ -36,6 +39,19 @@ struct HandleTable: Sendable {
         defer { nextHandle += 1 }
         return nextHandle
     }
+}
+
+/// The opens of one inode the kernel serves in passthrough mode
+/// (`FileSystem.chooseKernelIO`).
+struct PassthroughInode: Sendable {
+    /// The cache file's registration with the kernel, shared by these opens.
+    var backing: Int32
+    /// The content epoch it was registered for.
+    var epoch: UInt32
+    /// Opens in passthrough or direct mode not yet released.
+    var opens: Int
+    /// A writer was among them.
+    var wrote = false
 }
 
 /// A streaming reader of a placeholder, and how much of its run the kernel
@@ -88,7 +104,7 @@ extension FileSystem {
     /// with an eviction, a download or a newer version replacing the content.
     static let contentAttempts = 50
 
-    public func open(ino: UInt64, flags: Int32) throws -> OpenReply {
+    public func open(ino: UInt64, flags: Int32, backing: (any BackingFiles)? = nil) throws -> OpenReply {
         let ino = view.swap(ino)
         let kind = try replica.withNamespace { ns -> NodeKind in
             guard let node = ns.node(ino) else { throw UbiquityError(ENOENT) }
@@ -103,11 +119,11 @@ extension FileSystem {
             // Linux truncates on O_RDONLY|O_TRUNC too (the kernel checked write permission).
             try truncate(ino: ino, size: 0, handle: nil)
             try commit()
-            var opened = try openContent(ino: ino, flags: flags & ~O_TRUNC)
+            var opened = try openContent(ino: ino, flags: flags & ~O_TRUNC, backing: backing)
             opened.keepCache = false
             return opened
         }
-        return try openContent(ino: ino, flags: flags)
+        return try openContent(ino: ino, flags: flags, backing: backing)
     }
 
     /// Open the content of file `ino`: its cache file when local; a
@@ -115,8 +131,8 @@ extension FileSystem {
     /// for writing is downloaded first (or made empty, with `O_TRUNC`).
     /// An open that loses a race (the content evicted, downloaded or replaced
     /// between looking at the node and counting the open) looks again.
-    func openContent(ino: UInt64, flags: Int32) throws -> OpenReply {
-        try whileOpening(ino) { try openContentOnce(ino: ino, flags: flags) }
+    func openContent(ino: UInt64, flags: Int32, backing: (any BackingFiles)?) throws -> OpenReply {
+        try whileOpening(ino) { try openContentOnce(ino: ino, flags: flags, backing: backing) }
     }
 
     /// Run `body` counted as an open under way on `ino` (`LocalNode.opening`):
@@ -127,7 +143,7 @@ extension FileSystem {
         return try body()
     }
 
-    func openContentOnce(ino: UInt64, flags: Int32) throws -> OpenReply {
+    func openContentOnce(ino: UInt64, flags: Int32, backing: (any BackingFiles)?) throws -> OpenReply {
         let writable = flags & O_ACCMODE != O_RDONLY
         var wasPlaceholder = false
         var lostRace = false
@@ -141,7 +157,7 @@ extension FileSystem {
                 wasPlaceholder = true
                 if !writable {
                     // Return at once; reads wait for the ranges they need.
-                    if var opened = try openStreaming(node) {
+                    if var opened = try openStreaming(node, backing: backing) {
                         opened.keepCache = false
                         return opened
                     }
@@ -153,7 +169,7 @@ extension FileSystem {
                 lostRace = false
                 continue
             }
-            if var opened = try openLocal(node, flags: flags) {
+            if var opened = try openLocal(node, flags: flags, backing: backing) {
                 // New content: the kernel must drop pages it may still hold from an older version.
                 if wasPlaceholder { opened.keepCache = false }
                 return opened
@@ -172,7 +188,7 @@ extension FileSystem {
     /// eviction, download and newer version moves it). So an eviction either
     /// happened before (the epoch moved: this open looks again) or sees the
     /// writer and refuses: a writer never writes to an evicted file.
-    func openLocal(_ node: LocalNode, flags: Int32) throws -> OpenReply? {
+    func openLocal(_ node: LocalNode, flags: Int32, backing: (any BackingFiles)?) throws -> OpenReply? {
         let ino = node.ino
         let writable = flags & O_ACCMODE != O_RDONLY
         let fd = Glibc.open(replica.cachePath(ino), (writable ? O_RDWR : O_RDONLY) | O_CLOEXEC)
@@ -187,7 +203,7 @@ extension FileSystem {
             }
             throw UbiquityError(code == ENOENT ? EIO : code, "open cache file of inode \(ino): \(String(cString: strerror(code)))")
         }
-        guard let opened = register(ino: ino, fd: fd, writable: writable, epoch: node.contentEpoch) else {
+        guard let opened = register(ino: ino, fd: fd, writable: writable, epoch: node.contentEpoch, backing: backing) else {
             close(fd)
             return nil
         }
@@ -235,7 +251,7 @@ extension FileSystem {
     /// download finished (or a newer version replaced it) between starting
     /// it and opening its file: look again (the content is local now, or
     /// the newer version's download starts).
-    func openStreaming(_ node: LocalNode) throws -> OpenReply? {
+    func openStreaming(_ node: LocalNode, backing: (any BackingFiles)?) throws -> OpenReply? {
         let ino = node.ino
         // Counted before the download starts, so that its first chunks are held for the reader too.
         hooks.beginStream(ino: ino, version: node.hash)
@@ -247,7 +263,7 @@ extension FileSystem {
             guard code == ENOENT else { throw UbiquityError.posix("open download of inode \(ino)", errno: code) }
             return nil
         }
-        guard let opened = register(ino: ino, fd: fd, writable: false, streaming: (node.hashSize, node.hash)) else {
+        guard let opened = register(ino: ino, fd: fd, writable: false, streaming: (node.hashSize, node.hash), backing: backing) else {
             close(fd)
             hooks.endStream(ino: ino, version: node.hash)
             throw UbiquityError(ENOENT)
@@ -258,14 +274,19 @@ extension FileSystem {
     /// Count the open and hand out a handle for `fd`. With `epoch`, only if
     /// the node's content is still local and of that epoch (nil otherwise);
     /// a writer also begins a content change, in the same critical section.
+    /// With `backing`, the kernel may serve the open itself (`chooseKernelIO`).
     func register(ino: UInt64, fd: Int32, writable: Bool, epoch expected: UInt32? = nil,
-                  streaming: (size: UInt64, version: String?)? = nil) -> OpenReply? {
+                  streaming: (size: UInt64, version: String?)? = nil, backing: (any BackingFiles)? = nil) -> OpenReply? {
         // Keep the kernel's pages only if they were filled from this very content
         // (and by this mount's kernel: asked before the namespace lock is taken).
         let soleView = options.soleView()
+        var kernelIO = KernelIO.cached
         let counted = replica.withNamespace { ns -> (UInt32, Bool)? in
             guard let node = ns.node(ino) else { return nil }
             if let expected, !node.hasContent || node.contentEpoch != expected { return nil }
+            if let backing {
+                kernelIO = chooseKernelIO(node, fd: fd, localReader: expected != nil && !writable, writable: writable, backing: backing)
+            }
             let now = MonotonicClock.now()
             var result: (UInt32, Bool) = (0, true)
             ns.updateRuntime(ino) {
@@ -282,10 +303,72 @@ extension FileSystem {
         let handle = handles.withLock { table in
             let handle = table.allocate()
             table.files[handle] = HandleTable.OpenFile(ino: ino, fd: fd, writable: writable, epoch: epoch,
-                                                       streamingSize: streaming?.size, streamingVersion: streaming?.version)
+                                                       streamingSize: streaming?.size, streamingVersion: streaming?.version,
+                                                       kernelIO: kernelIO, backing: kernelIO == .cached ? nil : backing)
             return handle
         }
-        return OpenReply(handle: handle, keepCache: keepCache, acknowledgedWithoutFlush: !writable)
+        if case .passthrough = kernelIO { replica.foreground.watchUnseenReads(fd: fd) }
+        var opened = OpenReply(handle: handle, keepCache: keepCache && kernelIO == .cached, acknowledgedWithoutFlush: !writable)
+        opened.kernelIO = kernelIO
+        return opened
+    }
+
+    /// Files smaller than this are never served by passthrough: registering
+    /// and forgetting the cache file costs two system calls, and a small
+    /// file is read in a request or two anyway.
+    static let passthroughSmallest: UInt64 = 1 << 20
+
+    /// How the kernel does the I/O of a new open of `node` (`KernelIO`).
+    /// Called under the namespace lock, so that no other open or release of
+    /// the node moves its counts meanwhile; takes `passthrough` inside it.
+    ///
+    /// - An inode with opens in passthrough (an entry here) stays in that
+    ///   mode: a reader of the same content shares its backing file; any
+    ///   other open (a writer, a reader after the content changed, a
+    ///   streaming placeholder) is `.direct`, so the daemon sees its I/O.
+    /// - Otherwise a reader of local content of at least
+    ///   `passthroughSmallest` with no other open (none may be using the
+    ///   mounted file's page cache) registers the cache file and passes through.
+    /// - Everything else is `.cached`.
+    ///
+    /// The daemon's counts lag the kernel's (the kernel forgets an open
+    /// before its RELEASE arrives), so the mode chosen here is one the
+    /// kernel accepts.
+    func chooseKernelIO(_ node: LocalNode, fd: Int32, localReader: Bool, writable: Bool,
+                        backing: any BackingFiles) -> KernelIO {
+        passthrough.withLock { table in
+            if var inode = table[node.ino] {
+                inode.opens += 1
+                inode.wrote = inode.wrote || writable
+                table[node.ino] = inode
+                return localReader && inode.epoch == node.contentEpoch
+                    ? .passthrough(backing: inode.backing) : .direct(backing: inode.backing)
+            }
+            guard localReader, node.openCount == 0, node.size >= Self.passthroughSmallest,
+                  let id = try? backing.register(fd: fd) else { return .cached }
+            table[node.ino] = PassthroughInode(backing: id, epoch: node.contentEpoch, opens: 1)
+            return .passthrough(backing: id)
+        }
+    }
+
+    /// A passthrough or direct open of `ino` is released. Under the
+    /// namespace lock. The last one's registration is returned to be forgotten.
+    func passthroughReleased(_ ino: UInt64, in ns: inout Namespace) -> Int32? {
+        let last = passthrough.withLock { table -> PassthroughInode? in
+            guard var inode = table[ino] else { return nil }
+            inode.opens -= 1
+            if inode.opens > 0 {
+                table[ino] = inode
+                return nil
+            }
+            table[ino] = nil
+            return inode
+        }
+        guard let last else { return nil }
+        // Writes went to the cache file without the mounted file's page
+        // cache: the next cached open must not keep what it holds.
+        if last.wrote { ns.updateRuntime(ino) { $0.kernelEpoch = $0.contentEpoch &- 1 } }
+        return last.backing
     }
 
     /// One writer of `ino` is gone. The last one acknowledges what was
@@ -397,18 +480,22 @@ extension FileSystem {
 
     public func release(handle: UInt64) throws {
         guard let file = handles.withLock({ $0.files.removeValue(forKey: handle) }) else { throw UbiquityError(EBADF) }
+        if case .passthrough = file.kernelIO { replica.foreground.unwatchUnseenReads(fd: file.fd) }
         close(file.fd)
         if file.streamingSize != nil { hooks.endStream(ino: file.ino, version: file.streamingVersion) }
+        var unregister: Int32?
         let dropped = replica.withNamespace { ns -> Bool in
             // Reads through a handle of older content may have refilled the
             // kernel's cache with it: make the next open drop that cache.
             if let node = ns.node(file.ino), node.contentEpoch != file.epoch {
                 ns.updateRuntime(file.ino) { $0.kernelEpoch = $0.contentEpoch &- 1 }
             }
+            if file.kernelIO != .cached { unregister = passthroughReleased(file.ino, in: &ns) }
             ns.updateRuntime(file.ino) { $0.openCount -= 1 }
             if file.writable { writerLeft(file.ino, in: &ns) }
             return ns.dropIfUnreferenced(file.ino)
         }
+        if let unregister { file.backing?.unregister(unregister) }
         if dropped { replica.removeCacheFile(file.ino) }
         if file.writable { try commit() }
     }

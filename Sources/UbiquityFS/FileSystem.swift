@@ -14,7 +14,8 @@ import Glibc
 /// counts) and in `handles` (open files and directory listings).
 ///
 /// Lock order: `handles` and the replica's locks are never held together —
-/// a method takes one, copies what it needs, and lets go. Nothing here
+/// a method takes one, copies what it needs, and lets go. `passthrough` is
+/// taken only inside the namespace lock, as a leaf. Nothing here
 /// blocks on the store except `open` of a placeholder (which waits for the
 /// download on the calling FUSE worker thread, as documented).
 ///
@@ -37,6 +38,9 @@ public final class FileSystem: Sendable {
     let hooks: any SyncHooks
     let options: FileSystemOptions
     let handles = Mutex(HandleTable())
+    /// Inodes with opens the kernel serves in passthrough mode, by inode.
+    /// Taken only under the namespace lock, and nothing is taken under it.
+    let passthrough = Mutex<[UInt64: PassthroughInode]>([:])
     let siblingPrefetch = SiblingPrefetch()
 
     public init(replica: Replica, hooks: any SyncHooks, options: FileSystemOptions = FileSystemOptions()) {

@@ -24,7 +24,8 @@ public protocol MountedFileSystem: AnyObject, Sendable {
     func rmdir(parent: UInt64, name: FileName) throws
     func rename(parent: UInt64, name: FileName, newParent: UInt64, newName: FileName, flags: RenameFlags) throws
 
-    func open(ino: UInt64, flags: Int32) throws -> OpenReply
+    /// `backing`: the session's registry when the kernel does passthrough.
+    func open(ino: UInt64, flags: Int32, backing: (any BackingFiles)?) throws -> OpenReply
     func read(handle: UInt64, offset: Int64, size: Int) throws -> ReadReply
     func write(handle: UInt64, offset: Int64, bytes: UnsafeRawPointer, count: Int) throws -> Int
     func flush(handle: UInt64) throws

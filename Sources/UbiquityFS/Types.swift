@@ -71,12 +71,42 @@ public struct OpenReply: Sendable {
     /// whose writes are kept as they are made (`FileSystem.create`). The
     /// kernel then skips the FLUSH round trip (FOPEN_NOFLUSH).
     public var acknowledgedWithoutFlush = false
+    /// Who serves the reads and writes of this open (`keepCache` only counts for `.cached`).
+    public var kernelIO = KernelIO.cached
 
     public init(handle: UInt64, keepCache: Bool, acknowledgedWithoutFlush: Bool = false) {
         self.handle = handle
         self.keepCache = keepCache
         self.acknowledgedWithoutFlush = acknowledgedWithoutFlush
     }
+}
+
+/// How the kernel does the I/O of one open file.
+///
+/// FUSE passthrough (Linux 6.9 and later): the kernel reads the cache file
+/// itself, as fast as a local file, and the daemon sees only the open and
+/// the release. The kernel holds each inode in one mode at a time: while
+/// any open of an inode is in passthrough, every other open of it must name
+/// the same backing file, and none may use the mounted file's page cache.
+/// `FileSystem.chooseKernelIO` keeps to that.
+public enum KernelIO: Sendable, Equatable {
+    /// Through the mounted file's page cache; the daemon serves each miss.
+    case cached
+    /// The kernel reads (and writes) the registered cache file `backing` itself.
+    case passthrough(backing: Int32)
+    /// Every read and write comes to the daemon (FOPEN_DIRECT_IO), while the
+    /// inode stays in passthrough mode for the other opens (`backing`): how
+    /// an inode in that mode is opened for writing, or after its content
+    /// changed. Only a memory mapping uses `backing`.
+    case direct(backing: Int32)
+}
+
+/// The kernel's registry of backing files for one FUSE session (passthrough).
+public protocol BackingFiles: AnyObject, Sendable {
+    /// Register the open file `fd`: the id an open reply names it by.
+    func register(fd: Int32) throws -> Int32
+    /// Forget a registration (the kernel keeps the file while opens use it).
+    func unregister(_ id: Int32)
 }
 
 /// What a read answers: a range of a local file (sent with splice, no copy

@@ -1,4 +1,5 @@
 import CFuse3
+import CFuseWire
 import Foundation
 import Logging
 import UbiquityFS
@@ -21,6 +22,11 @@ final class FUSEContext: @unchecked Sendable {
     /// The `max_read` mount option, if given (set before mounting): `init`
     /// must ask for the same, or libfuse refuses the kernel's INIT.
     var maxRead: UInt32 = 0
+    /// The session's /dev/fuse descriptor (set before mounting returns).
+    var deviceFD: Int32 = -1
+    /// Set by `init` when the kernel agreed to passthrough (read by every
+    /// `open` after it: the kernel sends nothing else before INIT's reply).
+    var backingFiles: KernelBackingFiles?
 
     init(fs: any MountedFileSystem, logger: Logger) {
         self.fs = fs
@@ -97,7 +103,15 @@ func makeOperations() -> fuse_lowlevel_ops {
         conn.pointee.max_readahead = 1 << 20
         // libfuse takes `max_read` from the mount option and from here, and
         // ends the session at INIT when the two differ.
-        if let userdata { conn.pointee.max_read = Unmanaged<FUSEContext>.fromOpaque(userdata).takeUnretainedValue().maxRead }
+        guard let userdata else { return }
+        let ctx = Unmanaged<FUSEContext>.fromOpaque(userdata).takeUnretainedValue()
+        conn.pointee.max_read = ctx.maxRead
+        // Passthrough: registering a backing file takes CAP_SYS_ADMIN, so
+        // only a daemon running as root asks for it.
+        if ubq_init_offers_passthrough() != 0 && geteuid() == 0 && ctx.deviceFD >= 0 {
+            ubq_init_accept_passthrough()
+            ctx.backingFiles = KernelBackingFiles(deviceFD: ctx.deviceFD, logger: ctx.logger)
+        }
     }
 
     ops.lookup = { req, parent, name in
@@ -244,11 +258,18 @@ func makeOperations() -> fuse_lowlevel_ops {
         guard let fi else { fuse_reply_err(req, EINVAL); return }
         let flags = fi.pointee.flags
         ctx.serve(req, "open") {
-            let opened = try ctx.fs.open(ino: UInt64(ino), flags: flags)
+            let opened = try ctx.fs.open(ino: UInt64(ino), flags: flags, backing: ctx.backingFiles)
             fi.pointee.fh = opened.handle
             ubq_fi_set_keep_cache(fi, opened.keepCache ? 1 : 0)
             ubq_fi_set_noflush(fi, opened.acknowledgedWithoutFlush ? 1 : 0)
-            if fuse_reply_open(req, fi) == -ENOENT {
+            switch opened.kernelIO {
+            case .cached: break
+            case .passthrough(let backing): ubq_next_open_reply(UInt32(UBQ_FOPEN_PASSTHROUGH), backing)
+            case .direct(let backing): ubq_next_open_reply(UInt32(UBQ_FOPEN_PASSTHROUGH | UBQ_FOPEN_DIRECT_IO), backing)
+            }
+            let replied = fuse_reply_open(req, fi)
+            ubq_forget_open_reply()
+            if replied == -ENOENT {
                 // The request was interrupted: nobody will release this handle.
                 try? ctx.fs.release(handle: opened.handle)
             }

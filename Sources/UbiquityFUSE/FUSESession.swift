@@ -1,4 +1,5 @@
 import CFuse3
+import CFuseWire
 import Foundation
 import Logging
 import Synchronization
@@ -99,6 +100,14 @@ public final class FUSESession: @unchecked Sendable {
         guard mounted else {
             fuse_session_destroy(se)
             throw Self.mountError(mountpoint, reason: reason)
+        }
+        // The session's device I/O goes through CFuseWire, which adds
+        // passthrough to INIT and OPEN replies (libfuse 3.14 cannot).
+        var io = fuse_custom_io(writev: ubq_io_writev, read: ubq_io_read, splice_receive: nil,
+                                splice_send: ubq_io_splice_send)
+        context.deviceFD = fuse_session_fd(se)
+        if fuse_session_custom_io(se, &io, context.deviceFD) != 0 {
+            context.deviceFD = -1   // plain libfuse I/O, no passthrough
         }
         writeState { $0 = State(session: se, mounted: true) }
         raiseReadAhead()

@@ -25,11 +25,18 @@ import UbiquityStore
 ///
 /// The bounds keep a program that uses the mount all day long from
 /// stopping the work: it is slowed down, batched, never held.
+///
+/// Reads the kernel serves itself (FUSE passthrough) never reach the
+/// daemon. For those the cache file is watched instead (`watchUnseenReads`):
+/// while its page cache grows or shrinks between two looks, a program is
+/// reading it and the mount is not quiet.
 public final class ForegroundActivity: Sendable {
     /// Monotonic nanoseconds of the last request noted (0: none yet).
     private let lastRequest = Atomic<UInt64>(0)
     /// Monotonic nanoseconds of the last namespace change noted (0: none yet).
     private let lastChange = Atomic<UInt64>(0)
+    /// Descriptors of files read by passthrough, with their cached pages at the last look.
+    private let unseenReads = Mutex<[Int32: Int]>([:])
 
     /// Quiet time that counts as the programs having paused.
     public static let quietWindow: UInt64 = 100_000_000
@@ -60,7 +67,38 @@ public final class ForegroundActivity: Sendable {
         let last = changesOnly ? lastChange.load(ordering: .relaxed) : lastRequest.load(ordering: .relaxed)
         let quietAt = last &+ Self.quietWindow
         let now = MonotonicClock.now()
-        return quietAt > now ? quietAt - now : 0
+        if quietAt > now { return quietAt - now }
+        if !changesOnly && unseenReadsMoved() {
+            note()
+            return Self.quietWindow
+        }
+        return 0
+    }
+
+    /// Watch `fd` (a cache file the kernel reads by passthrough) until `unwatchUnseenReads`.
+    public func watchUnseenReads(fd: Int32) {
+        note()
+        unseenReads.withLock { $0[fd] = LinuxCalls.cachedPages(fd) }
+    }
+
+    public func unwatchUnseenReads(fd: Int32) {
+        _ = unseenReads.withLock { $0.removeValue(forKey: fd) }
+    }
+
+    /// Whether a watched file's page cache changed since the last look (one
+    /// cachestat each).
+    private func unseenReadsMoved() -> Bool {
+        unseenReads.withLock { watched in
+            var moved = false
+            for (fd, pages) in watched {
+                let now = LinuxCalls.cachedPages(fd)
+                if now != pages {
+                    watched[fd] = now
+                    moved = true
+                }
+            }
+            return moved
+        }
     }
 
     /// Wait until the mount has been quiet for `quietWindow`, at most

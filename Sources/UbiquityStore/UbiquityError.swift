@@ -59,6 +59,9 @@ public func syscallRetrying<T: BinaryInteger>(_ context: @autoclosure () -> Stri
 public enum LinuxCalls {
     public static func syncfs(_ fd: Int32) -> Int32 { ubq_syncfs(fd) }
 
+    /// Pages of the file `fd` in the page cache (cachestat(2)), or -1.
+    public static func cachedPages(_ fd: Int32) -> Int { ubq_cached_pages(fd, 0, 0) }
+
     /// SIGTERM, SIGINT and SIGHUP arrive as one byte each on `fd`.
     public static func forwardShutdownSignals(to fd: Int32) -> Bool { ubq_forward_shutdown_signals(fd) == 0 }
 

@@ -186,3 +186,91 @@ import Glibc
         }
     }
 }
+
+/// The kernel's passthrough rules, kept by `FileSystem.chooseKernelIO`
+/// (the same on a real mount: Tests/mount/test_passthrough.py).
+@Suite struct PassthroughModeTests {
+    /// Records registrations as the kernel would hand out ids.
+    final class Registry: BackingFiles, @unchecked Sendable {
+        let lock = NSLock()
+        var next: Int32 = 1
+        var live: Set<Int32> = []
+        var registered = 0
+
+        func register(fd: Int32) throws -> Int32 {
+            lock.lock(); defer { lock.unlock() }
+            let id = next
+            next += 1
+            live.insert(id)
+            registered += 1
+            return id
+        }
+
+        func unregister(_ id: Int32) {
+            lock.lock(); defer { lock.unlock() }
+            #expect(live.remove(id) != nil, "unregistered \(id) twice or never registered")
+        }
+    }
+
+    func largeFile(_ d: TestDevice, _ name: String, size: Int) throws -> UInt64 {
+        let ino = try d.write(name, "")
+        let handle = try d.fs.open(ino: ino, flags: O_WRONLY).handle
+        let bytes = [UInt8](repeating: 7, count: size)
+        _ = try bytes.withUnsafeBytes { try d.fs.write(handle: handle, offset: 0, bytes: $0.baseAddress!, count: size) }
+        try d.fs.release(handle: handle)
+        return ino
+    }
+
+    @Test func readersShareOneBackingAndWritersComeToTheDaemon() throws {
+        let d = try TestDevice(store: InMemoryStore())
+        defer { d.cleanUp() }
+        let registry = Registry()
+        let big = try largeFile(d, "big", size: 2 << 20)
+
+        let first = try d.fs.open(ino: big, flags: O_RDONLY, backing: registry)
+        guard case .passthrough(let id) = first.kernelIO else { Issue.record("first reader: \(first.kernelIO)"); return }
+        #expect(!first.keepCache, "the kernel refuses keep_cache with passthrough")
+        let second = try d.fs.open(ino: big, flags: O_RDONLY, backing: registry)
+        #expect(second.kernelIO == .passthrough(backing: id))
+        let writer = try d.fs.open(ino: big, flags: O_RDWR, backing: registry)
+        #expect(writer.kernelIO == .direct(backing: id))
+        #expect(registry.registered == 1)
+
+        try d.fs.release(handle: first.handle)
+        try d.fs.release(handle: writer.handle)
+        #expect(registry.live == [id], "still used by the second reader")
+        try d.fs.release(handle: second.handle)
+        #expect(registry.live.isEmpty)
+
+        // The writer bypassed the mounted file's page cache: the next cached open must not keep it.
+        let cached = try d.fs.open(ino: big, flags: O_RDONLY)
+        #expect(cached.kernelIO == .cached && !cached.keepCache)
+        try d.fs.release(handle: cached.handle)
+    }
+
+    @Test func smallFilesAndInodesInCachedModeStayCached() throws {
+        let d = try TestDevice(store: InMemoryStore())
+        defer { d.cleanUp() }
+        let registry = Registry()
+        let small = try largeFile(d, "small", size: 64 << 10)
+        let reader = try d.fs.open(ino: small, flags: O_RDONLY, backing: registry)
+        #expect(reader.kernelIO == .cached)
+        try d.fs.release(handle: reader.handle)
+
+        // A writer open in cached mode: a reader may not pass through beside it.
+        let big = try largeFile(d, "big", size: 2 << 20)
+        let writer = try d.fs.open(ino: big, flags: O_RDWR, backing: registry)
+        #expect(writer.kernelIO == .cached)
+        let beside = try d.fs.open(ino: big, flags: O_RDONLY, backing: registry)
+        #expect(beside.kernelIO == .cached)
+        try d.fs.release(handle: beside.handle)
+        try d.fs.release(handle: writer.handle)
+        #expect(registry.registered == 0)
+
+        // With every open gone, the next reader passes through.
+        let later = try d.fs.open(ino: big, flags: O_RDONLY, backing: registry)
+        guard case .passthrough = later.kernelIO else { Issue.record("later reader: \(later.kernelIO)"); return }
+        try d.fs.release(handle: later.handle)
+        #expect(registry.live.isEmpty)
+    }
+}
