@@ -284,6 +284,8 @@ package final class Daemon: @unchecked Sendable {
         }
         do {
             try host.start(fuseOptions: request.fuseOptions)
+        } catch let failure as MountHost.EndedAtOnce {
+            throw failure.reason   // `serve` undid the mount
         } catch {
             let hosts = host.hosts
             for container in hosts { container.removeViewer(host.session) }

@@ -46,6 +46,14 @@ final class MountHost: @unchecked Sendable {
     /// A client waiting for the unmount to finish (told when everything is pushed).
     let unmountWaiter = Mutex<ControlConnection?>(nil)
     var control: ControlServer?
+    /// Signalled when `serve` has ended the mount and let go of everything.
+    let ended = DispatchSemaphore(value: 0)
+
+    /// The FUSE session ended (or failed) as soon as it was started: `serve`
+    /// has already undone the mount, so the caller only reports `reason`.
+    struct EndedAtOnce: Error {
+        let reason: UbiquityError
+    }
 
     init(mountpoint: String, kind: Kind, fileSystem: any MountedFileSystem, containers: [ContainerHost], daemon: Daemon) {
         self.mountpoint = mountpoint
@@ -89,6 +97,15 @@ final class MountHost: @unchecked Sendable {
         }
         control?.start()
         Thread.run(named: "ubq-fuse") { [self] in serve() }
+        // The kernel's INIT is answered by the loop. A session that libfuse
+        // or the kernel ends there would otherwise look mounted, and the
+        // next writes would land in the directory underneath.
+        if let problem = session.firstRoundTrip() {
+            logger.error("\(mountpoint): the FUSE session does not serve: \(problem)")
+            session.stop()
+            ended.wait()
+            throw EndedAtOnce(reason: UbiquityError(EIO, "the FUSE session at \(mountpoint) ended as it started (\(problem)); the daemon's log says why"))
+        }
         logger.info("mounted \(label) at \(mountpoint)")
     }
 
@@ -118,6 +135,7 @@ final class MountHost: @unchecked Sendable {
         }
         waiter?.close(force: true)
         daemon.mountEnded(self)
+        ended.signal()
     }
 
     // MARK: - Paths

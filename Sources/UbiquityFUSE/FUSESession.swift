@@ -241,6 +241,18 @@ public final class FUSESession: @unchecked Sendable {
         return status
     }
 
+    /// Whether the kernel and the loop serve this mount: one `statfs` of the
+    /// mountpoint, which waits for the kernel's INIT to be answered. Nil when
+    /// it is answered by this file system; otherwise what went wrong (the
+    /// loop ended, the kernel refused the INIT reply). Call with `run`
+    /// going on another thread.
+    public func firstRoundTrip() -> String? {
+        let type = LinuxCalls.filesystemType(mountpoint)
+        if type == -1 { return String(cString: strerror(errno)) }
+        let fuseMagic = 0x6573_5546
+        return type == fuseMagic ? nil : "the mountpoint is not a FUSE mount"
+    }
+
     /// End `run` from another thread: the loop stops taking requests and
     /// returns (then `close` unmounts). The wake-up signal is repeated until
     /// the loop has noticed, since it may arrive just before the loop waits.

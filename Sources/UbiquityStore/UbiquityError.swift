@@ -59,6 +59,10 @@ public func syscallRetrying<T: BinaryInteger>(_ context: @autoclosure () -> Stri
 public enum LinuxCalls {
     public static func syncfs(_ fd: Int32) -> Int32 { ubq_syncfs(fd) }
 
+    /// The type of the file system holding `path` (statfs(2)'s magic
+    /// number), or -1 with `errno` set.
+    public static func filesystemType(_ path: String) -> Int { ubq_filesystem_type(path) }
+
     /// Pages of the file `fd` in the page cache (cachestat(2)), or -1.
     public static func cachedPages(_ fd: Int32) -> Int { ubq_cached_pages(fd, 0, 0) }
 
