@@ -212,7 +212,7 @@ import Glibc
         }
     }
 
-    func largeFile(_ d: TestDevice, _ name: String, size: Int) throws -> UInt64 {
+    func filledFile(_ d: TestDevice, _ name: String, size: Int) throws -> UInt64 {
         let ino = try d.write(name, "")
         let handle = try d.fs.open(ino: ino, flags: O_WRONLY).handle
         let bytes = [UInt8](repeating: 7, count: size)
@@ -225,7 +225,7 @@ import Glibc
         let d = try TestDevice(store: InMemoryStore())
         defer { d.cleanUp() }
         let registry = Registry()
-        let big = try largeFile(d, "big", size: 2 << 20)
+        let big = try filledFile(d, "big", size: 2 << 20)
 
         let first = try d.fs.open(ino: big, flags: O_RDONLY, backing: registry)
         guard case .passthrough(let id) = first.kernelIO else { Issue.record("first reader: \(first.kernelIO)"); return }
@@ -252,13 +252,13 @@ import Glibc
         let d = try TestDevice(store: InMemoryStore())
         defer { d.cleanUp() }
         let registry = Registry()
-        let small = try largeFile(d, "small", size: 64 << 10)
+        let small = try filledFile(d, "small", size: 64 << 10)
         let reader = try d.fs.open(ino: small, flags: O_RDONLY, backing: registry)
         #expect(reader.kernelIO == .cached)
         try d.fs.release(handle: reader.handle)
 
         // A writer open in cached mode: a reader may not pass through beside it.
-        let big = try largeFile(d, "big", size: 2 << 20)
+        let big = try filledFile(d, "big", size: 2 << 20)
         let writer = try d.fs.open(ino: big, flags: O_RDWR, backing: registry)
         #expect(writer.kernelIO == .cached)
         let beside = try d.fs.open(ino: big, flags: O_RDONLY, backing: registry)

@@ -56,6 +56,17 @@ def drop_caches():
     Path("/proc/sys/vm/drop_caches").write_text("3\n")
 
 
+def two_devices_and_a_file(make_device, name: str, size: int):
+    """Devices a and b on one store, and a file of `size` random bytes written on a."""
+    need_passthrough()
+    a = new_device(make_device, "a")
+    b = new_device(make_device, "b")
+    path = a.mountpoint / name
+    original = os.urandom(size)
+    write(path, original)
+    return a, b, path, original
+
+
 def test_a_large_local_file_is_read_by_the_kernel_and_a_small_one_by_the_daemon(make_device):
     need_passthrough()
     a = new_device(make_device, "a")
@@ -75,12 +86,7 @@ def test_a_large_local_file_is_read_by_the_kernel_and_a_small_one_by_the_daemon(
 
 
 def test_a_writer_beside_a_passthrough_reader_is_seen_by_it_and_pushed(make_device):
-    need_passthrough()
-    a = new_device(make_device, "a")
-    b = new_device(make_device, "b")
-    path = a.mountpoint / "log.bin"
-    original = os.urandom(4 * MiB)
-    write(path, original)
+    a, b, path, original = two_devices_and_a_file(make_device, "log.bin", 4 * MiB)
     drop_caches()
     with open(path, "rb", buffering=0) as reader:
         first = {}
@@ -156,12 +162,7 @@ def test_a_shared_writable_mapping_beside_a_passthrough_reader_is_pushed(make_de
     """A writer opened while a reader passes through maps the cache file
     itself: its stores bypass the daemon's write path, and the open still
     counts as a change, so the new bytes are pushed at its release."""
-    need_passthrough()
-    a = new_device(make_device, "a")
-    b = new_device(make_device, "b")
-    path = a.mountpoint / "mapped-edit.bin"
-    original = os.urandom(2 * MiB)
-    write(path, original)
+    a, b, path, original = two_devices_and_a_file(make_device, "mapped-edit.bin", 2 * MiB)
     wait_pushed(a)
     drop_caches()
     with open(path, "rb", buffering=0) as reader:
