@@ -22,7 +22,7 @@ let package = Package(
     targets: [
         .systemLibrary(name: "CFuse3", pkgConfig: "fuse3", providers: [.apt(["libfuse3-dev"])]),
         .target(name: "CLinux"),
-        .target(name: "CFuseWire"),
+        .target(name: "CFuseWire", dependencies: ["CFuse3"]),
         // Optimised in debug builds too: at -O0 the SHA kernel runs a twentieth as fast.
         .target(name: "CHashLanes", cSettings: [.unsafeFlags(["-O2"], .when(configuration: .debug))]),
         .target(

@@ -15,16 +15,6 @@
 #include <errno.h>
 #include <unistd.h>
 
-/* fuse_session_loop_mt is a macro that picks a versioned symbol. */
-static inline int ubq_session_loop_mt(struct fuse_session *se, unsigned max_threads, unsigned idle_threads) {
-    struct fuse_loop_config *cfg = fuse_loop_cfg_create();
-    fuse_loop_cfg_set_max_threads(cfg, max_threads);
-    fuse_loop_cfg_set_idle_threads(cfg, idle_threads);
-    int rc = fuse_session_loop_mt(se, cfg);
-    fuse_loop_cfg_destroy(cfg);
-    return rc;
-}
-
 /* A signal whose handler does nothing, installed without SA_RESTART, so
  * that sending it to the thread running a session's loop interrupts its
  * wait: how one session of several is stopped (Swift cannot fill the

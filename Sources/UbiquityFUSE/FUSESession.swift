@@ -9,8 +9,8 @@ import UbiquitySync
 
 /// A libfuse low-level session serving one `MountedFileSystem` at a mountpoint.
 ///
-/// `mount` creates the session and mounts; `run` serves requests on the
-/// multi-threaded loop (on the calling thread) until the filesystem is
+/// `mount` creates the session and mounts; `run` serves requests on
+/// CFuseWire's loop (`fuseloop.h`, from the calling thread) until the filesystem is
 /// unmounted (`fusermount3 -u`, `umount`) or `stop` is called; then the
 /// caller calls `close`. One process may run several sessions, each on its
 /// own thread; signals are the caller's business (`stop` each session).
@@ -223,20 +223,21 @@ public final class FUSESession: @unchecked Sendable {
         return value
     }
 
-    /// Serve requests until unmounted or stopped. Returns libfuse's status.
+    /// Serve requests until unmounted or stopped. Returns 0 or the -errno
+    /// that ended the session.
     ///
-    /// Workers are kept once started (`idleThreads` = `threads`): with fewer
-    /// idle workers allowed, libfuse ends a worker after a burst and starts a
-    /// new one at the next — about one thread created per three operations of
-    /// a single-threaded `rename` loop, as `strace -c -f` counted.
-    public func run(threads: Int = 16, idleThreads: Int? = nil) -> Int32 {
-        let idleThreads = idleThreads ?? threads
+    /// The loop is CFuseWire's (`fuseloop.h`): the worker that answered a
+    /// request reads the next one, and hands the reading over before it
+    /// waits (`LongWait`); at most `threads` workers. libfuse's own loop
+    /// woke a different worker for every request.
+    public func run(threads: Int = 16) -> Int32 {
         // The loop runs outside the lock; `close` (which destroys the session)
         // is only called after `run` returned.
         guard let se = readState({ $0.session }) else { return -1 }
         _ = ubq_install_wake_signal(Self.wakeSignal)
+        LongWait.install { ubq_loop_may_block() }
         loop.withLock { $0.thread = pthread_self() }
-        let status = ubq_session_loop_mt(se, UInt32(threads), UInt32(idleThreads))
+        let status = ubq_session_loop(se, UInt32(threads), Self.wakeSignal)
         loop.withLock { $0.ended = true }
         return status
     }
@@ -293,8 +294,11 @@ public final class FUSESession: @unchecked Sendable {
     /// Let the kernel free its cached pages of `range` of inode `ino` (the
     /// kernel's number): a reader streamed past them (`ReadReply`). Called
     /// by the READ that passed them, after its reply: a page under a read
-    /// still waiting is locked, and this waits for such pages.
+    /// still waiting is locked, and this waits for such pages. The reading
+    /// is handed over first: another program's READ of one of them may be
+    /// waiting to be read from the device.
     func dropCachedPages(ino: fuse_ino_t, _ range: Range<Int64>) {
+        ubq_loop_may_block()
         withSession { se in _ = fuse_lowlevel_notify_inval_inode(se, ino, off_t(range.lowerBound), off_t(range.count)) }
     }
 

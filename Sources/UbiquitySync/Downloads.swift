@@ -534,6 +534,7 @@ extension SyncEngine {
         pool.condition.lock()
         defer { pool.condition.unlock() }
         var asked = false
+        var waited = false
         while true {
             guard var job = downloads.jobs[key] else {
                 // No download: either it finished (content local) or never started.
@@ -559,6 +560,10 @@ extension SyncEngine {
                 }
                 downloads.jobs[key] = job
                 pool.wake()
+            }
+            if !waited {
+                waited = true
+                LongWait.begins()   // a FUSE worker: the mount goes on answering meanwhile
             }
             let last = max(job.lastProgress, pool.lastProgress)
             if Date().timeIntervalSince(last) > Self.stallTimeout {

@@ -143,6 +143,57 @@ def cached_pages(fd: int, offset: int, length: int) -> int:
     return cache_stat(fd, offset, length).cache
 
 
+def test_the_mount_answers_while_readers_wait_for_downloads(make_device):
+    """Two programs read placeholders whose fetches take seconds; meanwhile
+    another creates, stats, lists and removes files in the same mount, and is
+    answered at once (the worker that waits hands the reading of requests
+    over: CFuseWire's loop)."""
+    delay = 4.0
+    a = new_device(make_device, "a")
+    b = new_device(make_device, "b", env={"UBIQUITYFS_FAULTS": f"fetch-delay={delay}"})
+    contents = {name: os.urandom(MiB + 4321) for name in ("one.bin", "two.bin")}
+    for name, data in contents.items():
+        write(a.mountpoint / name, data)
+    wait_pushed(a, 120)
+    for name, data in contents.items():
+        listed_on(b, name, len(data))
+
+    got, errors = {}, []
+
+    def reader(name):
+        try:
+            got[name] = read(b.mountpoint / name)
+        except Exception as e:   # reported below
+            errors.append(f"{name}: {e!r}")
+
+    readers = [threading.Thread(target=reader, args=(name,)) for name in contents]
+    t0 = time.monotonic()
+    for r in readers:
+        r.start()
+    time.sleep(0.5)   # both reads are waiting for their fetches now
+    work = b.mountpoint / "meanwhile"
+    t1 = time.monotonic()
+    work.mkdir()
+    for i in range(200):
+        path = work / f"f{i}"
+        with open(path, "wb") as f:
+            f.write(b"x" * 100)
+        assert os.stat(path).st_size == 100
+        assert f"f{i}" in os.listdir(work)
+        os.unlink(path)
+    meanwhile = time.monotonic() - t1
+    still_waiting = [r.is_alive() for r in readers]
+    for r in readers:
+        r.join(60)
+    waited = time.monotonic() - t0
+    print(f"200 create/stat/list/unlink in {meanwhile:.2f}s while the reads waited {waited:.1f}s")
+    assert not errors, errors
+    assert got == contents, "a placeholder read on B differs from A's content"
+    assert meanwhile < delay / 2, f"200 operations took {meanwhile:.2f}s while two reads waited for downloads"
+    assert all(still_waiting), "a read was over before the other program finished: nothing measured"
+    assert waited >= delay, f"the reads took {waited:.1f}s with a {delay}s fetch delay: no delay measured"
+
+
 def test_a_streamed_placeholder_is_not_cached_twice(make_device):
     """The download puts a placeholder's bytes in B's cache file; the kernel
     caches them again for the mounted file. Behind a reader that streams the

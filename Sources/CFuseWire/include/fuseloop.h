@@ -1,0 +1,39 @@
+/*
+ * The session loop: leader and followers, so that the thread that answered
+ * one request reads the next.
+ *
+ * libfuse's multi-threaded loop has every idle worker wait in read() on
+ * /dev/fuse. The kernel wakes the waiter that has waited longest, so a
+ * program making one request at a time (`rm -r`, `git checkout`, a build
+ * step) is answered by each worker in turn: every request wakes a thread
+ * that is cold and often on the other CPU, and the reply then wakes the
+ * program on the worker's CPU, which preempts the worker before it can go
+ * back to read(). Counted on a loop of unlinks: 5–6 context switches per
+ * unlink here, 4 through bindfs (one thread) for one request more.
+ *
+ * Here one worker at a time reads (the *leader*). A request that is
+ * answered from memory (lookups, attributes, namespace changes, reads and
+ * writes of the cache file) is handled by the leader, which then reads
+ * again. Before a request that may wait long (fsync, fallocate,
+ * copy_file_range), or when a handler is about to wait (`ubq_loop_may_block`:
+ * a read of a placeholder waiting for its download), the leader hands the
+ * reading to an idle worker (or starts one, up to `max_threads`), so the
+ * mount keeps answering while it waits.
+ */
+#ifndef UBIQUITYFS_FUSELOOP_H
+#define UBIQUITYFS_FUSELOOP_H
+
+struct fuse_session;
+
+/* Serve `se` until it exits, with at most `max_threads` workers. The loop
+ * is stopped by `fuse_session_exit` and then `wake_signal` sent to the
+ * calling thread (a handler installed without SA_RESTART), or by the
+ * kernel ending the session. Returns 0 or the -errno that ended it. */
+int ubq_session_loop(struct fuse_session *se, unsigned max_threads, int wake_signal);
+
+/* The calling thread is about to wait for something slow: if it is the
+ * worker that reads the session's requests, another worker takes over the
+ * reading. Any other thread: nothing. */
+void ubq_loop_may_block(void);
+
+#endif
