@@ -11,9 +11,9 @@
 #include <string.h>
 #include <time.h>
 
-/* Opcodes (include/uapi/linux/fuse.h) whose handling may wait long. */
+/* Opcodes (include/uapi/linux/fuse.h) whose reading is handed over before they are handled (fuseloop.h says why). */
 enum {
-    OP_FSYNC = 20, OP_FSYNCDIR = 30, OP_GETLK = 31, OP_SETLK = 32, OP_SETLKW = 33,
+    OP_WRITE = 16, OP_RELEASE = 18, OP_FSYNC = 20, OP_FSYNCDIR = 30, OP_GETLK = 31, OP_SETLK = 32, OP_SETLKW = 33,
     OP_IOCTL = 39, OP_POLL = 40, OP_FALLOCATE = 43, OP_COPY_FILE_RANGE = 47,
 };
 
@@ -68,12 +68,12 @@ void ubq_loop_may_block(void) {
     pthread_mutex_unlock(&w->loop->lock);
 }
 
-static int may_wait(const struct fuse_buf *buf) {
+static int hand_over_first(const struct fuse_buf *buf) {
     uint32_t opcode;
     if (buf->flags & FUSE_BUF_IS_FD || buf->size < 8) return 1;
     memcpy(&opcode, (const char *)buf->mem + 4, 4);   /* fuse_in_header.opcode */
     switch (opcode) {
-    case OP_FSYNC: case OP_FSYNCDIR: case OP_GETLK: case OP_SETLK: case OP_SETLKW:
+    case OP_WRITE: case OP_RELEASE: case OP_FSYNC: case OP_FSYNCDIR: case OP_GETLK: case OP_SETLK: case OP_SETLKW:
     case OP_IOCTL: case OP_POLL: case OP_FALLOCATE: case OP_COPY_FILE_RANGE:
         return 1;
     default:
@@ -119,7 +119,7 @@ static void *work(void *arg) {
             sem_post(&loop->finish);
             break;
         }
-        if (may_wait(&buf)) hand_over(&w);
+        if (hand_over_first(&buf)) hand_over(&w);
         pthread_mutex_unlock(&loop->lock);
         fuse_session_process_buf(loop->se, &buf);
         pthread_mutex_lock(&loop->lock);
