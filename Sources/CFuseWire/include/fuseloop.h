@@ -8,8 +8,7 @@
  * step) is answered by each worker in turn: every request wakes a thread
  * that is cold and often on the other CPU, and the reply then wakes the
  * program on the worker's CPU, which preempts the worker before it can go
- * back to read(). Counted on a loop of unlinks: 5–6 context switches per
- * unlink here, 4 through bindfs (one thread) for one request more.
+ * back to read().
  *
  * Here one worker at a time reads (the *leader*). A request answered from
  * memory or the page cache (lookups, attributes, namespace changes, opens,
@@ -19,9 +18,8 @@
  *   COPY_FILE_RANGE (and the lock, ioctl and poll requests);
  * - before RELEASE, which the program does not wait for: its next request
  *   is read and answered meanwhile;
- * - before WRITE: measured, a 4 KiB random writer got 4,300-4,900 writes/s
- *   with writes answered by the leader, 9,800 handed over, 13,000-15,000
- *   under libfuse's loop (each write is a GETXATTR and a WRITE);
+ * - before WRITE: a random writer was slower with writes answered by the
+ *   leader (DESIGN.md, "The FUSE loop", has the figures);
  * - when a handler is about to wait (`ubq_loop_may_block`: a read of a
  *   placeholder waiting for its download, a notification that may wait for
  *   a page another READ holds),
