@@ -4,7 +4,9 @@
 #include "fuseloop.h"
 #include <fuse_lowlevel.h>
 #include <errno.h>
+#include <poll.h>
 #include <pthread.h>
+#include <sched.h>
 #include <semaphore.h>
 #include <signal.h>
 #include <stdlib.h>
@@ -17,8 +19,15 @@ enum {
     OP_IOCTL = 39, OP_POLL = 40, OP_FALLOCATE = 43, OP_COPY_FILE_RANGE = 47,
 };
 
+/* How long the leader polls for the next request, in a burst, before it
+ * sleeps in read() (fuseloop.h); UBIQUITYFS_FUSE_POLL_US changes it, 0 turns
+ * the polling off. */
+enum { POLL_NS_DEFAULT = 100 * 1000 };
+
 struct loop {
     struct fuse_session *se;
+    long long poll_ns;
+    int burst;                  /* the last request came within poll_ns of the wait for it */
     pthread_mutex_t lock;
     pthread_cond_t followers;   /* idle workers wait here for the reading */
     pthread_cond_t gone;        /* a worker ended */
@@ -68,6 +77,20 @@ void ubq_loop_may_block(void) {
     pthread_mutex_unlock(&w->loop->lock);
 }
 
+static long long monotonic_ns(void) {
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return now.tv_sec * 1000000000LL + now.tv_nsec;
+}
+
+/* Return once a request is there, the session ended or `ns` have passed,
+ * giving the CPU to anything else that wants it between looks. */
+static void poll_for_request(struct fuse_session *se, long long ns) {
+    struct pollfd device = { .fd = fuse_session_fd(se), .events = POLLIN };
+    long long until = monotonic_ns() + ns;
+    while (poll(&device, 1, 0) == 0 && !fuse_session_exited(se) && monotonic_ns() < until) sched_yield();
+}
+
 static int hand_over_first(const struct fuse_buf *buf) {
     uint32_t opcode;
     if (buf->flags & FUSE_BUF_IS_FD || buf->size < 8) return 1;
@@ -99,10 +122,15 @@ static void *work(void *arg) {
         w.leads = 1;
         loop->reader = pthread_self();
         loop->has_reader = 1;
+        int poll_first = loop->burst;
         pthread_mutex_unlock(&loop->lock);
+        long long wait_began = monotonic_ns();
+        if (poll_first) poll_for_request(loop->se, loop->poll_ns);
         int res = fuse_session_exited(loop->se) ? 0 : fuse_session_receive_buf(loop->se, &buf);
+        long long waited = monotonic_ns() - wait_began;
         pthread_mutex_lock(&loop->lock);
         loop->has_reader = 0;
+        loop->burst = waited <= loop->poll_ns;
         if (res == -EINTR || res == -EAGAIN) {
             w.leads = 0;
             loop->reading = 0;
@@ -141,6 +169,8 @@ int ubq_session_loop(struct fuse_session *se, unsigned max_threads, int wake_sig
     struct loop loop;
     memset(&loop, 0, sizeof loop);
     loop.se = se;
+    const char *poll_us = getenv("UBIQUITYFS_FUSE_POLL_US");
+    loop.poll_ns = poll_us != NULL ? atoll(poll_us) * 1000 : POLL_NS_DEFAULT;
     loop.max_threads = max_threads > 0 ? max_threads : 1;
     pthread_mutex_init(&loop.lock, NULL);
     pthread_cond_init(&loop.followers, NULL);

@@ -194,6 +194,41 @@ def test_the_mount_answers_while_readers_wait_for_downloads(make_device):
     assert waited >= delay, f"the reads took {waited:.1f}s with a {delay}s fetch delay: no delay measured"
 
 
+def daemon_cpu_seconds(pid: int) -> float:
+    """User and system CPU time of process `pid` so far."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@pytest.mark.parametrize("poll_us", [None, "1000000"], ids=["default", "one-second-window"])
+def test_the_fuse_loop_polls_only_while_requests_come(make_device, poll_us):
+    """During a burst of requests the worker that reads them polls /dev/fuse
+    briefly before it sleeps (CFuseWire's loop); once the program stops, the
+    daemon sleeps: an idle mount costs no CPU. With a window of a second
+    (UBIQUITYFS_FUSE_POLL_US) the worker polls on for that second after the
+    burst, which this test must see: that is its check on itself."""
+    env = {"UBIQUITYFS_FUSE_POLL_US": poll_us} if poll_us else {}
+    a = new_device(make_device, "a", env=env)
+    path = a.mountpoint / "f"
+    write(path, b"x")
+    time.sleep(1.0)
+    before = daemon_cpu_seconds(a.pid)
+    for _ in range(5000):
+        os.listxattr(path)   # each one a request: the kernel caches no xattr list
+    during = daemon_cpu_seconds(a.pid) - before
+    time.sleep(0.2)          # past any polling window of the default
+    quiet_from = daemon_cpu_seconds(a.pid)
+    time.sleep(0.7)
+    idle = daemon_cpu_seconds(a.pid) - quiet_from
+    print(f"poll window {poll_us or 'default'} µs: {during:.2f} s of CPU for 5,000 requests, {idle:.2f} s in 0.7 s after")
+    assert during > 0, "the burst cost the daemon no CPU: its requests did not reach it"
+    if poll_us is None:
+        assert idle < 0.1, f"the daemon used {idle:.2f} s of CPU in 0.7 s after the burst: it polls on while idle"
+    else:
+        assert idle > 0.3, f"a one-second polling window used {idle:.2f} s of CPU in 0.7 s after the burst: no polling measured"
+
+
 def test_a_streamed_placeholder_is_not_cached_twice(make_device):
     """The download puts a placeholder's bytes in B's cache file; the kernel
     caches them again for the mounted file. Behind a reader that streams the

@@ -24,6 +24,14 @@
  *   placeholder waiting for its download, a notification that may wait for
  *   a page another READ holds),
  * so the mount keeps answering while it waits.
+ *
+ * While a program's requests come in a burst (the last one arrived within
+ * 100 µs of the leader's wait for it), the leader polls /dev/fuse for up to
+ * 100 µs, yielding the CPU between looks, before it sleeps in read(): on a
+ * VM, waking a thread whose CPU has gone idle costs tens of microseconds,
+ * more than the request (DESIGN.md, "Polling for the next request").
+ * Requests further apart are waited for in read() alone, so an idle mount
+ * costs no CPU. UBIQUITYFS_FUSE_POLL_US sets the window; 0 turns it off.
  */
 #ifndef UBIQUITYFS_FUSELOOP_H
 #define UBIQUITYFS_FUSELOOP_H
