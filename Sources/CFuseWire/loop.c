@@ -83,11 +83,11 @@ static long long monotonic_ns(void) {
     return now.tv_sec * 1000000000LL + now.tv_nsec;
 }
 
-/* Return once a request is there, the session ended or `ns` have passed,
- * giving the CPU to anything else that wants it between looks. */
-static void poll_for_request(struct fuse_session *se, long long ns) {
+/* Return once a request is there, the session ended or the clock reached
+ * `until` (monotonic_ns), giving the CPU to anything else that wants it
+ * between looks. */
+static void poll_for_request(struct fuse_session *se, long long until) {
     struct pollfd device = { .fd = fuse_session_fd(se), .events = POLLIN };
-    long long until = monotonic_ns() + ns;
     while (poll(&device, 1, 0) == 0 && !fuse_session_exited(se) && monotonic_ns() < until) sched_yield();
 }
 
@@ -125,7 +125,7 @@ static void *work(void *arg) {
         int poll_first = loop->burst;
         pthread_mutex_unlock(&loop->lock);
         long long wait_began = monotonic_ns();
-        if (poll_first) poll_for_request(loop->se, loop->poll_ns);
+        if (poll_first) poll_for_request(loop->se, wait_began + loop->poll_ns);
         int res = fuse_session_exited(loop->se) ? 0 : fuse_session_receive_buf(loop->se, &buf);
         long long waited = monotonic_ns() - wait_began;
         pthread_mutex_lock(&loop->lock);
