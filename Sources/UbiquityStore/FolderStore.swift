@@ -541,14 +541,23 @@ public final class FolderStore: Store {
         }
     }
 
+    /// `O_DIRECT` reads of blobs, one at a time in the process: a disk
+    /// reads large files faster one after the other than several at once
+    /// (DESIGN.md, "Chunked content and streaming downloads", has the
+    /// figures). The download workers hash beside the one read.
+    static let directReads = DispatchSemaphore(value: 1)
+
     /// Read bytes `start..<end` of a blob into `buffer`: with `direct` (an
     /// `O_DIRECT` descriptor; -1 for none, or if the filesystem refused
-    /// one) in aligned requests, else through `buffered`.
+    /// one) in aligned requests, one such read at a time (`directReads`),
+    /// else through `buffered`.
     private func readBlob(_ hash: String, _ direct: Int32, _ buffered: Int32, into buffer: UnsafeMutableRawPointer,
                           from start: Int, upTo end: Int) throws {
         var done = start
         var useDirect = direct >= 0
         if !useDirect { _ = posix_fadvise(buffered, off_t(done), off_t(end - done), POSIX_FADV_WILLNEED) }
+        if direct >= 0 { Self.directReads.wait() }
+        defer { if direct >= 0 { Self.directReads.signal() } }
         while done < end {
             let ask = useDirect ? (end - done + ChunkBuffer.alignment - 1) & ~(ChunkBuffer.alignment - 1) : end - done
             let n = pread(useDirect ? direct : buffered, buffer + (done - start), ask, off_t(done))

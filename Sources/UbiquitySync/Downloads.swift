@@ -49,7 +49,14 @@ import Glibc
 /// chunks readers wait for, then foreground downloads (opened by a reader,
 /// `ubiquityfs download`) at most `Store.downloadConcurrency` chunks each,
 /// then background ones (pins, refreshes), two downloads at a time. Pinning
-/// a folder of 10,000 placeholders queues 10,000 jobs, not threads.
+/// a folder of 10,000 placeholders queues 10,000 jobs, not threads. The
+/// pool's one mutex (`DownloadPool.monitor`) has two conditions: idle
+/// workers wait on one and are woken one per unit of work there is for
+/// them (a worker that finishes a unit takes the next itself), readers wait
+/// on the other and are all woken by any progress. On a VM a wake-up costs
+/// tens of µs of CPU, and a broadcast to every idle worker for each chunk
+/// cost a placeholder stream 14–15 context switches per chunk (DESIGN.md,
+/// "Chunked content and streaming downloads").
 ///
 /// A reader gives up with `EIO` when the download fails (a missing or
 /// damaged blob, an unreachable store: at once) or neither its download nor
@@ -65,7 +72,7 @@ final class DownloadBoard: @unchecked Sendable {
         var error: UbiquityError?
         var lastProgress: Date = Date()
 
-        // Scheduling (guarded by the pool's condition, like everything here).
+        // Scheduling (guarded by the pool's monitor, like everything here).
         /// Distinguishes this job from an earlier, failed one of the same version.
         var id: UInt64 = 0
         var ino: UInt64 = 0
@@ -123,7 +130,7 @@ final class DownloadBoard: @unchecked Sendable {
         }
 
         /// Held chunk `index` is let go of, to be fetched again later (the
-        /// caller holds the pool's condition).
+        /// caller holds the pool's monitor).
         mutating func letGo(_ index: Int) {
             held.removeValue(forKey: index)?.release()
             state[index] = .passed
@@ -146,7 +153,7 @@ final class DownloadBoard: @unchecked Sendable {
     /// fetched again once no stream holds chunks.
     enum ChunkState: UInt8 { case missing, fetching, held, passed, verified }
 
-    /// A chunk held in memory (guarded by the pool's condition). Its buffer
+    /// A chunk held in memory (guarded by the pool's monitor). Its buffer
     /// goes back once the download let go of it and no reader is served
     /// from it.
     final class HeldChunk: @unchecked Sendable {
@@ -163,15 +170,15 @@ final class DownloadBoard: @unchecked Sendable {
             self.count = count
         }
 
-        /// The download is done with it (the caller holds the condition).
+        /// The download is done with it (the caller holds the monitor).
         func release() {
             letGo = true
             if pins == 0 { ChunkBuffer.give(buffer) }
         }
     }
 
-    /// Guards `jobs`; readers wait on it for progress (the pool's one condition).
-    var condition: NSCondition { DownloadPool.shared.condition }
+    /// Guards `jobs`; readers wait on it for progress (the pool's one mutex).
+    var monitor: DownloadPool.Monitor { DownloadPool.shared.monitor }
     /// One job per version of a file: a reader waits for the version it opened.
     var jobs: [JobKey: Job] = [:]
     /// Streaming readers open, per version (`beginStream`).
@@ -183,8 +190,8 @@ final class DownloadBoard: @unchecked Sendable {
     }
 
     func withJobs<T>(_ body: (inout [JobKey: Job]) -> T) -> T {
-        condition.lock()
-        defer { condition.unlock() }
+        monitor.lock()
+        defer { monitor.unlock() }
         return body(&jobs)
     }
 }
@@ -209,9 +216,14 @@ final class DownloadPool: @unchecked Sendable {
         let id: UInt64
     }
 
-    let condition = NSCondition()
-    /// Guarded by `condition`: downloads with work left, oldest first.
+    /// A unit taken (marked in its job) for a worker to perform.
+    typealias Work = (entry: Entry, unit: Unit, job: DownloadBoard.Job)
+
+    let monitor = Monitor()
+    /// Guarded by `monitor`: downloads with work left, oldest first.
     var active: [Entry] = []
+    /// Units taken for idle workers that were woken for them; never more than `idle`.
+    var handed: [Work] = []
     var threads = 0
     var idle = 0
     var nextID: UInt64 = 1
@@ -222,46 +234,61 @@ final class DownloadPool: @unchecked Sendable {
     /// Chunks held by every download.
     var heldChunks = 0
 
-    /// Add a download (the caller holds `condition`).
+    /// Add a download (the caller holds `monitor`).
     func enqueue(_ entry: Entry) {
         active.append(entry)
         wake()
     }
 
-    /// New work: start a worker if none is idle (the caller holds `condition`).
+    /// There may be new work: hand each unit there is to an idle worker,
+    /// waking that one alone, or to a new worker while there are fewer than
+    /// `limit` (the caller holds `monitor`). Busy workers take more work
+    /// themselves when they finish a unit.
     func wake() {
-        if idle == 0 && threads < Self.limit {
-            threads += 1
-            Thread.run(named: "ubq-download") { [self] in work() }
+        while idle > handed.count || threads < Self.limit {
+            guard let work = next() else { return }
+            if idle > handed.count {
+                handed.append(work)
+                monitor.signalWorker()
+            } else {
+                threads += 1
+                Thread.run(named: "ubq-download") { [self] in self.work(from: work) }
+            }
         }
-        condition.broadcast()
     }
 
-    func work() {
-        condition.lock()
+    /// A worker's life: perform `first`, then whatever is handed to it or
+    /// next in line, handing what more there is to others.
+    private func work(from first: Work) {
+        monitor.lock()
+        var mine: Work? = first
         while true {
-            if let work = next() {
-                condition.unlock()
-                let (entry, unit, job) = work
+            if let (entry, unit, job) = mine {
+                mine = nil
+                wake()
+                monitor.unlock()
                 entry.engine.perform(unit, of: job, key: entry.key)
-                condition.lock()
+                monitor.lock()
+                // Handed units have a woken worker on the way.
+                mine = next() ?? (handed.isEmpty ? nil : handed.removeFirst())
                 continue
             }
             idle += 1
             // The last worker to go idle with nothing queued lets go of the read buffers.
-            if idle == threads && active.isEmpty { ChunkBuffer.trim() }
+            if idle == threads && active.isEmpty && handed.isEmpty { ChunkBuffer.trim() }
             // A stream that stops reading lets its download go on (`idleStream`): look again.
             if active.contains(where: { !$0.engine.downloads.streams.isEmpty }) {
-                _ = condition.wait(until: Date().addingTimeInterval(1))
+                monitor.waitForWork(seconds: 1)
             } else {
-                condition.wait()
+                monitor.waitForWork(seconds: nil)
             }
             idle -= 1
+            mine = handed.isEmpty ? next() : handed.removeFirst()
         }
     }
 
-    /// The next unit of work, marked taken (the caller holds `condition`).
-    func next() -> (Entry, Unit, DownloadBoard.Job)? {
+    /// The next unit of work, marked taken (the caller holds `monitor`).
+    func next() -> Work? {
         active.removeAll { entry in
             guard let job = entry.engine.downloads.jobs[entry.key] else { return true }
             return job.id != entry.id || job.done || job.error != nil
@@ -345,7 +372,71 @@ final class DownloadPool: @unchecked Sendable {
         return nil
     }
 
-    /// A unit is done with `partial` (the caller holds `condition`).
+    /// Downloads or streams changed in a way that may make work for
+    /// workers and news for readers (the caller does not hold `monitor`).
+    func changed() {
+        monitor.lock()
+        wake()
+        monitor.broadcastProgress()
+        monitor.unlock()
+    }
+
+    /// The pool's mutex, with a condition for idle workers (signalled, one
+    /// per unit handed out) and one for waiting readers (broadcast).
+    final class Monitor: @unchecked Sendable {
+        private let mutex = UnsafeMutablePointer<pthread_mutex_t>.allocate(capacity: 1)
+        private let work = UnsafeMutablePointer<pthread_cond_t>.allocate(capacity: 1)
+        private let progress = UnsafeMutablePointer<pthread_cond_t>.allocate(capacity: 1)
+
+        init() {
+            pthread_mutex_init(mutex, nil)
+            var attributes = pthread_condattr_t()
+            pthread_condattr_init(&attributes)
+            pthread_condattr_setclock(&attributes, CLOCK_MONOTONIC)
+            pthread_cond_init(work, &attributes)
+            pthread_cond_init(progress, &attributes)
+            pthread_condattr_destroy(&attributes)
+        }
+
+        deinit {
+            pthread_cond_destroy(progress)
+            pthread_cond_destroy(work)
+            pthread_mutex_destroy(mutex)
+            progress.deallocate()
+            work.deallocate()
+            mutex.deallocate()
+        }
+
+        func lock() { pthread_mutex_lock(mutex) }
+        func unlock() { pthread_mutex_unlock(mutex) }
+        func signalWorker() { pthread_cond_signal(work) }
+        func broadcastProgress() { pthread_cond_broadcast(progress) }
+
+        /// An idle worker waits (holding the mutex) until signalled, or for at most `seconds`.
+        func waitForWork(seconds: Double?) {
+            guard let seconds else {
+                pthread_cond_wait(work, mutex)
+                return
+            }
+            wait(on: work, seconds: seconds)
+        }
+
+        /// A reader waits (holding the mutex) for progress, for at most `seconds`.
+        func waitForProgress(seconds: Double) {
+            wait(on: progress, seconds: seconds)
+        }
+
+        private func wait(on condition: UnsafeMutablePointer<pthread_cond_t>, seconds: Double) {
+            var deadline = timespec()
+            clock_gettime(CLOCK_MONOTONIC, &deadline)
+            let nanoseconds = Int(deadline.tv_nsec) + Int(seconds * 1e9)
+            deadline.tv_sec += nanoseconds / 1_000_000_000
+            deadline.tv_nsec = nanoseconds % 1_000_000_000
+            _ = pthread_cond_timedwait(condition, mutex, &deadline)
+        }
+    }
+
+    /// A unit is done with `partial` (the caller holds `monitor`).
     func doneWriting(_ partial: String) {
         writers[partial, default: 1] -= 1
         if writers[partial] == 0 { writers[partial] = nil }
@@ -370,7 +461,7 @@ extension SyncEngine {
     /// Whether download `key` holds the chunks it fetches for its streaming
     /// readers instead of writing them: while a stream reads it, and — once
     /// the file was evicted — until the last stream closes, however long it
-    /// pauses (the caller holds the pool's condition).
+    /// pauses (the caller holds the pool's monitor).
     func holdsChunks(_ key: DownloadBoard.JobKey, _ job: DownloadBoard.Job, now: Date) -> Bool {
         store.cheapToFetchAgain && job.chunked && job.chunkSize <= UInt64(ChunkBuffer.size) && !job.keep
             && downloads.streams[key, default: 0] > 0 && (job.evicted || now.timeIntervalSince(job.lastServed) < Self.idleStream)
@@ -391,8 +482,8 @@ extension SyncEngine {
     /// the file's.
     public func endStream(ino: UInt64, version: String?) {
         let key = DownloadBoard.JobKey(ino: ino, hash: version)
+        defer { DownloadPool.shared.changed() }
         let stopped = downloads.withJobs { jobs -> String? in
-            defer { DownloadPool.shared.condition.broadcast() }
             let left = downloads.streams[key, default: 1] - 1
             downloads.streams[key] = left > 0 ? left : nil
             guard left <= 0, var job = jobs[key], !job.done, job.error == nil, !job.keep else { return nil }
@@ -411,8 +502,8 @@ extension SyncEngine {
     /// goes on in the background stops at once (one a reader has started is
     /// counted as its stream from the start). Its partial file goes.
     func stopDownloads(ino: UInt64) {
+        defer { DownloadPool.shared.changed() }
         let partials = downloads.withJobs { jobs -> [String] in
-            defer { DownloadPool.shared.condition.broadcast() }
             var partials: [String] = []
             for (key, job) in jobs where key.ino == ino && !job.done && job.error == nil && !job.keep {
                 if downloads.streams[key] != nil {
@@ -427,7 +518,7 @@ extension SyncEngine {
     }
 
     /// Forget download `key`; the path of its partial file, to unlink (the
-    /// caller holds the pool's condition). A unit under way finds no job to
+    /// caller holds the pool's monitor). A unit under way finds no job to
     /// report to, and writes into the unlinked file: units open it without
     /// `O_CREAT`.
     private func stop(_ key: DownloadBoard.JobKey, in jobs: inout [DownloadBoard.JobKey: DownloadBoard.Job]) -> String {
@@ -436,7 +527,7 @@ extension SyncEngine {
         return jobs[key]!.partial
     }
 
-    /// Let go of every chunk `job` holds (the caller holds the pool's condition).
+    /// Let go of every chunk `job` holds (the caller holds the pool's monitor).
     func releaseHeld(_ job: inout DownloadBoard.Job) {
         for chunk in job.held.values { chunk.release() }
         DownloadPool.shared.heldChunks -= job.held.count
@@ -458,7 +549,7 @@ extension SyncEngine {
         guard node.isPlaceholder else { return replica.cachePath(ino) }
         let key = DownloadBoard.JobKey(ino: ino, hash: node.hash)
         let pool = DownloadPool.shared
-        pool.condition.lock()
+        pool.monitor.lock()
         let stale = Date().addingTimeInterval(-600)
         downloads.jobs = downloads.jobs.filter { !$0.value.done || $0.value.lastProgress > stale }
         if var job = downloads.jobs[key], job.error == nil, !job.done {
@@ -468,10 +559,10 @@ extension SyncEngine {
                 downloads.jobs[key] = job
                 pool.wake()
             }
-            pool.condition.unlock()
+            pool.monitor.unlock()
             return partial
         }
-        pool.condition.unlock()
+        pool.monitor.unlock()
         // Readers open the partial file right away: make sure it exists.
         var fd = open(partial, O_RDWR | O_CREAT | O_CLOEXEC, 0o600)
         if fd < 0 && errno == ENOENT {
@@ -495,8 +586,8 @@ extension SyncEngine {
             job.state = Array(repeating: .missing, count: job.chunks!.count)
             job.remaining = job.chunks!.count
         }
-        pool.condition.lock()
-        defer { pool.condition.unlock() }
+        pool.monitor.lock()
+        defer { pool.monitor.unlock() }
         if var other = downloads.jobs[key], other.error == nil, !other.done {
             // Started by another open meanwhile.
             if keep && !other.keep {
@@ -531,8 +622,8 @@ extension SyncEngine {
     private func waitFor(ino: UInt64, version: String?, from: UInt64, upTo: UInt64, toRead: Bool) throws -> [PinnedBytes] {
         let pool = DownloadPool.shared
         let key = DownloadBoard.JobKey(ino: ino, hash: version)
-        pool.condition.lock()
-        defer { pool.condition.unlock() }
+        pool.monitor.lock()
+        defer { pool.monitor.unlock() }
         var asked = false
         var waited = false
         while true {
@@ -569,12 +660,12 @@ extension SyncEngine {
             if Date().timeIntervalSince(last) > Self.stallTimeout {
                 throw UbiquityError(EIO, "download of inode \(ino) made no progress for \(Int(Self.stallTimeout)) s")
             }
-            _ = pool.condition.wait(until: Date().addingTimeInterval(1))
+            pool.monitor.waitForProgress(seconds: 1)
         }
     }
 
     /// Pin the held chunks of bytes `from..<upTo`, which are ready (the
-    /// caller holds the pool's condition).
+    /// caller holds the pool's monitor).
     private func pinHeld(_ key: DownloadBoard.JobKey, _ job: DownloadBoard.Job, from: UInt64, upTo: UInt64) -> [PinnedBytes] {
         guard !job.done, !job.held.isEmpty, upTo > from else { return [] }
         var pinned: [PinnedBytes] = []
@@ -597,8 +688,8 @@ extension SyncEngine {
     /// byte of it was served, the chunk is let go of (`passed`).
     private func servedFromMemory(_ key: DownloadBoard.JobKey, id: UInt64, index: Int, _ chunk: DownloadBoard.HeldChunk, count: Int) {
         let pool = DownloadPool.shared
-        pool.condition.lock()
-        defer { pool.condition.unlock() }
+        pool.monitor.lock()
+        defer { pool.monitor.unlock() }
         chunk.pins -= 1
         chunk.served += count
         if chunk.letGo {
@@ -639,7 +730,7 @@ extension SyncEngine {
         }
     }
 
-    /// Update job `id` of `key`, if it is still the one recorded (the caller holds the condition).
+    /// Update job `id` of `key`, if it is still the one recorded (the caller holds the monitor).
     private func jobsUpdate(_ key: DownloadBoard.JobKey, id: UInt64, _ body: (inout DownloadBoard.Job) -> Void) -> Bool {
         guard let job = downloads.jobs[key], job.id == id else { return false }
         body(&downloads.jobs[key]!)
@@ -649,7 +740,7 @@ extension SyncEngine {
     func finish(_ key: DownloadBoard.JobKey, id: UInt64, error: UbiquityError?, cause: (any Error)? = nil) {
         if let cause { record(error: cause) }   // before waking readers: status shows what they got
         let pool = DownloadPool.shared
-        pool.condition.lock()
+        pool.monitor.lock()
         if let error {
             _ = jobsUpdate(key, id: id) { $0.error = error; releaseHeld(&$0) }
         } else {
@@ -657,8 +748,8 @@ extension SyncEngine {
             // waiting for it even if a newer version replaced it meanwhile.
             _ = jobsUpdate(key, id: id) { $0.done = true; $0.lastProgress = Date() }
         }
-        pool.condition.broadcast()
-        pool.condition.unlock()
+        pool.monitor.broadcastProgress()
+        pool.monitor.unlock()
         if error == nil { enforceCacheLimit() }
     }
 
@@ -673,12 +764,12 @@ extension SyncEngine {
                     manifest = try ChunkManifest.decode(try store.fetchBlob(job.hash ?? ""))
                     guard manifest.size == job.total else { throw UbiquityError(EIO, "chunk manifest \(job.hash ?? "") has the wrong size") }
                 } catch {
-                    pool.condition.lock()
+                    pool.monitor.lock()
                     _ = jobsUpdate(key, id: job.id) { $0.manifestInFlight = false }
-                    pool.condition.unlock()
+                    pool.monitor.unlock()
                     throw error
                 }
-                pool.condition.lock()
+                pool.monitor.lock()
                 _ = jobsUpdate(key, id: job.id) {
                     $0.chunks = manifest.chunks
                     $0.chunkSize = manifest.chunkSize
@@ -689,13 +780,13 @@ extension SyncEngine {
                     for range in $0.waitingRanges { $0.ask(from: range.from, upTo: range.upTo) }
                     $0.waitingRanges = []
                 }
-                pool.wake()
-                pool.condition.unlock()
+                pool.monitor.broadcastProgress()   // this worker takes the chunks next, and hands out the rest
+                pool.monitor.unlock()
             case .chunk(let index):
                 let offset = UInt64(index) * job.chunkSize
                 let count = Int(min(job.chunkSize, job.total - offset))
                 let result = Result { try fetchChunk(job, key: key, index: index, offset: offset, count: count) }
-                pool.condition.lock()
+                pool.monitor.lock()
                 pool.doneWriting(job.partial)
                 let recorded = jobsUpdate(key, id: job.id) { j in
                     j.inFlight -= 1
@@ -720,8 +811,8 @@ extension SyncEngine {
                 }
                 if !recorded, case .success(let held?) = result { held.release() }
                 if case .success = result { pool.lastProgress = Date() }
-                pool.wake()
-                pool.condition.unlock()
+                pool.monitor.broadcastProgress()
+                pool.monitor.unlock()
                 _ = try result.get()
             case .store(let index, let chunk):
                 // A held chunk no stream needs any more: into the cache file.
@@ -731,7 +822,7 @@ extension SyncEngine {
                     try ContentCopy.write(UnsafeRawBufferPointer(start: chunk.buffer, count: chunk.count), to: fd,
                                           at: UInt64(index) * job.chunkSize)
                 }
-                pool.condition.lock()
+                pool.monitor.lock()
                 pool.doneWriting(job.partial)
                 _ = jobsUpdate(key, id: job.id) { j in
                     j.inFlight -= 1
@@ -743,8 +834,8 @@ extension SyncEngine {
                 }
                 chunk.release()
                 if case .success = result { pool.lastProgress = Date() }
-                pool.wake()
-                pool.condition.unlock()
+                pool.monitor.broadcastProgress()
+                pool.monitor.unlock()
                 try result.get()
             case .install:
                 try install(job, key: key)
@@ -775,8 +866,8 @@ extension SyncEngine {
         }
         let pool = DownloadPool.shared
         func holding() -> Bool {
-            pool.condition.lock()
-            defer { pool.condition.unlock() }
+            pool.monitor.lock()
+            defer { pool.monitor.unlock() }
             return downloads.jobs[key].map { holdsChunks(key, $0, now: Date()) } ?? false
         }
         if job.chunked && holding() {
@@ -811,9 +902,9 @@ extension SyncEngine {
         // writing (the same verified bytes): not into the installed file.
         for _ in 0..<6000 {
             let pool = DownloadPool.shared
-            pool.condition.lock()
+            pool.monitor.lock()
             let quiet = pool.writers[partial] == nil
-            pool.condition.unlock()
+            pool.monitor.unlock()
             if quiet { break }
             Thread.sleep(forTimeInterval: 0.01)
         }

@@ -33,7 +33,7 @@ import Glibc
 /// Threads: the push thread and the caller of `drain` share `pushLock`, so
 /// one push runs at a time. Lock order: `pushLock` → `commitGate` → replica
 /// locks (a pull takes `commitGate` alone, before `pullLock`);
-/// `cacheLimitPass` → replica locks; the download pool's condition →
+/// `cacheLimitPass` → replica locks; the download pool's monitor →
 /// `Replica.namespace`; `status`, `uploadFailures` and `limitRefusals` are
 /// leaves.
 public final class SyncEngine: Sendable {
