@@ -246,13 +246,13 @@ final class DownloadPool: @unchecked Sendable {
     /// themselves when they finish a unit.
     func wake() {
         while idle > handed.count || threads < Self.limit {
-            guard let work = next() else { return }
+            guard let taken = next() else { return }
             if idle > handed.count {
-                handed.append(work)
+                handed.append(taken)
                 monitor.signalWorker()
             } else {
                 threads += 1
-                Thread.run(named: "ubq-download") { [self] in self.work(from: work) }
+                Thread.run(named: "ubq-download") { [self] in work(from: taken) }
             }
         }
     }
