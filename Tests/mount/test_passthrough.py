@@ -14,6 +14,7 @@ import mmap
 import os
 import re
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -63,6 +64,30 @@ def reads_reaching(dev, action) -> int:
     return sum(1 for line in (TRACING / "trace").read_text().splitlines() if pattern.search(line))
 
 
+def passing_through(dev, path, first: int = MiB, timeout: float = 10.0):
+    """Open `path` for reading once the open passes through; the open file
+    and its `first` bytes (all with -1), read with no READ reaching `dev`'s daemon.
+
+    Two lags make the first open after another one's close() go through the
+    daemon (DESIGN: what passthrough does not cover): the kernel sends that
+    open's RELEASE after close() has returned, and the daemon counts the
+    open until it arrives; a placeholder streamed to its end is installed
+    as local content just after its last chunk was served. A later open
+    must pass through.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        f = open(path, "rb", buffering=0)
+        head = {}
+        reached = reads_reaching(dev, lambda: head.update(data=f.read(first)))
+        if reached == 0:
+            return f, head["data"]
+        f.close()
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no open of {path} passed through within {timeout:.0f}s ({reached} READs reached the daemon)")
+        time.sleep(0.2)
+
+
 def drop_caches():
     os.sync()
     Path("/proc/sys/vm/drop_caches").write_text("3\n")
@@ -88,9 +113,9 @@ def test_a_large_local_file_is_read_by_the_kernel_and_a_small_one_by_the_daemon(
     write(a.mountpoint / "small.bin", small)
     drop_caches()
     got = {}
-    big_reads = reads_reaching(a, lambda: got.update(big=read(a.mountpoint / "big.bin")))
+    reader, got["big"] = passing_through(a, a.mountpoint / "big.bin", first=-1)
+    reader.close()
     assert got["big"] == big
-    assert big_reads == 0, f"{big_reads} READ requests reached the daemon for a passthrough file"
     small_reads = reads_reaching(a, lambda: got.update(small=read(a.mountpoint / "small.bin")))
     assert got["small"] == small
     assert small_reads >= 1, "a small file is read through the daemon (the count works)"
@@ -100,10 +125,9 @@ def test_a_large_local_file_is_read_by_the_kernel_and_a_small_one_by_the_daemon(
 def test_a_writer_beside_a_passthrough_reader_is_seen_by_it_and_pushed(make_device):
     a, b, path, original = two_devices_and_a_file(make_device, "log.bin", 4 * MiB)
     drop_caches()
-    with open(path, "rb", buffering=0) as reader:
-        first = {}
-        assert reads_reaching(a, lambda: first.update(head=reader.read(MiB))) == 0
-        assert first["head"] == original[:MiB]
+    reader, head = passing_through(a, path)
+    with reader:
+        assert head == original[:MiB]
         # A writer opened while the reader passes through: its writes go
         # through the daemon, into the file the reader reads.
         with open(path, "r+b", buffering=0) as writer:
@@ -128,8 +152,9 @@ def test_a_new_version_arriving_while_an_old_reader_holds_the_file(make_device):
     write(a.mountpoint / "doc.bin", old)
     wait_pushed(a)
     eventually(content_is(b.mountpoint / "doc.bin", old), 60, 0.5, "b has the first version")
-    with open(b.mountpoint / "doc.bin", "rb", buffering=0) as held:
-        assert reads_reaching(b, lambda: held.read(MiB)) == 0, "b's reader passes through"
+    held, head = passing_through(b, b.mountpoint / "doc.bin")
+    with held:
+        assert head == old[:MiB]
         write(a.mountpoint / "doc.bin", new)
         wait_pushed(a)
         # A new open on b sees the new version at once, though the old
@@ -138,9 +163,9 @@ def test_a_new_version_arriving_while_an_old_reader_holds_the_file(make_device):
         assert os.pread(held.fileno(), MiB, MiB) == old[MiB:2 * MiB], "the held reader keeps the version it opened"
     # Once the old reader is gone, a fresh open passes through again, with the new content.
     drop_caches()
-    got = {}
-    assert reads_reaching(b, lambda: got.update(data=read(b.mountpoint / "doc.bin"))) == 0
-    assert got["data"] == new
+    again, data = passing_through(b, b.mountpoint / "doc.bin", first=-1)
+    again.close()
+    assert data == new
 
 
 def test_a_memory_mapping_of_a_passthrough_file(make_device):
@@ -177,8 +202,8 @@ def test_a_shared_writable_mapping_beside_a_passthrough_reader_is_pushed(make_de
     a, b, path, original = two_devices_and_a_file(make_device, "mapped-edit.bin", 2 * MiB)
     wait_pushed(a)
     drop_caches()
-    with open(path, "rb", buffering=0) as reader:
-        assert reads_reaching(a, lambda: reader.read(4096)) == 0, "the reader passes through"
+    reader, _ = passing_through(a, path)
+    with reader:
         with open(path, "r+b") as writer:
             with mmap.mmap(writer.fileno(), 0) as m:
                 m[MiB:MiB + 7] = b"MAPPED!"
