@@ -88,12 +88,18 @@ final class PackIndex: Sendable {
         return true
     }
 
+    // The lookups below run each SELECT on its own (`inDatabase`, SQLite's
+    // autocommit), not inside `read`: a read transaction compiles BEGIN and
+    // COMMIT anew each time and runs two `query_only` pragmas, which was half of
+    // the pusher's CPU during a burst of small files (one lookup per file).
+    // A row is a claim checked when used, so no two lookups need one snapshot.
+
     /// The best location of content `hash` (see the type), or with `ownOnly`
     /// one this device stored itself.
     func location(of hash: String, ownOnly: Bool = false) -> PackLocation? {
         // Asked once per pushed file: a prepared statement, not SQL compiled each time.
         cachesUsed.store(true, ordering: .relaxed)
-        return try? db.read { db in
+        return try? db.inDatabase { db in
             try Row.fetchOne(db.cachedStatement(sql: ownOnly ? Self.ownOne : Self.bestOne), arguments: [hash]).map(Self.location)
         }
     }
@@ -101,13 +107,13 @@ final class PackIndex: Sendable {
     /// Every location of content `hash`, best first (at most 8).
     func allLocations(of hash: String) -> [PackLocation] {
         cachesUsed.store(true, ordering: .relaxed)
-        return (try? db.read { db in try Row.fetchAll(db, sql: Self.best + " LIMIT 8", arguments: [hash]).map(Self.location) }) ?? []
+        return (try? db.inDatabase { db in try Row.fetchAll(db.cachedStatement(sql: Self.best + " LIMIT 8"), arguments: [hash]).map(Self.location) }) ?? []
     }
 
     func locations(of hashes: some Sequence<String>) -> [String: PackLocation] {
         let wanted = Set(hashes)
         cachesUsed.store(true, ordering: .relaxed)
-        return (try? db.read { db -> [String: PackLocation] in
+        return (try? db.inDatabase { db -> [String: PackLocation] in
             var out: [String: PackLocation] = [:]
             let statement = try db.cachedStatement(sql: Self.bestOne)
             for hash in wanted {
