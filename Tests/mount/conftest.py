@@ -610,6 +610,21 @@ def make_device(tmp_path, store):
         pytest.fail("teardown found problems:\n" + "\n".join(problems), pytrace=False)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def private_data_home(tmp_path_factory):
+    """A data home of the test session's own for commands run without a
+    device's environment (`container create …`): the user's
+    ~/.local/share/ubiquityfs is never written (a `container` command on an
+    S3 store left its known-stores entry there)."""
+    saved = os.environ.get("XDG_DATA_HOME")
+    os.environ["XDG_DATA_HOME"] = str(tmp_path_factory.mktemp("data-home"))
+    yield
+    if saved is None:
+        os.environ.pop("XDG_DATA_HOME", None)
+    else:
+        os.environ["XDG_DATA_HOME"] = saved
+
+
 @pytest.fixture
 def device(tmp_path, store, request):
     """A mounted device (or, with UBQ_TEST_PLAIN=1, a PlainDevice on a plain dir).
