@@ -88,11 +88,9 @@ final class PackIndex: Sendable {
         return true
     }
 
-    // The lookups below run each SELECT on its own (`inDatabase`, SQLite's
-    // autocommit), not inside `read`: a read transaction compiles BEGIN and
-    // COMMIT anew each time and runs two `query_only` pragmas, which was half of
-    // the pusher's CPU during a burst of small files (one lookup per file).
-    // A row is a claim checked when used, so no two lookups need one snapshot.
+    // Lookups run each SELECT in autocommit (`inDatabase`), not in a `read`
+    // transaction (DESIGN, "Packing small files"): a row is a claim checked
+    // when used, so no two lookups need one snapshot.
 
     /// The best location of content `hash` (see the type), or with `ownOnly`
     /// one this device stored itself.
