@@ -24,10 +24,11 @@ final class ContainerHost: @unchecked Sendable, ReplicaObserver {
     /// Mounts using this container (the daemon closes it when none is left).
     let users = Mutex(0)
 
-    /// A mount's kernel: its session and how replica inodes map to its numbers.
+    /// A mount's kernel: its session, how replica inodes map to its numbers,
+    /// and how the container shows in it now (nil: not shown).
     struct Viewer {
         var session: FUSESession
-        var kernelIno: @Sendable (UInt64) -> UInt64?
+        var view: @Sendable () -> KernelView?
     }
     let viewers = Mutex<[ObjectIdentifier: Viewer]>([:])
 
@@ -46,14 +47,20 @@ final class ContainerHost: @unchecked Sendable, ReplicaObserver {
     /// kernel's page cache (each mount's kernel has its own).
     var isShared: Bool { viewers.withLock { $0.count > 1 } }
 
+    /// Drop what each mount's kernel cached of what a pull changed, then
+    /// have it raise the events a local program's changes would have
+    /// (`KernelEventScript`, performed by the mount's `KernelEventReplay`).
     func replicaChanged(_ changes: ReplicaChanges) {
         for viewer in viewers.withLock({ Array($0.values) }) {
-            viewer.session.invalidate(changes, kernelIno: viewer.kernelIno)
+            guard let view = viewer.view() else { continue }
+            viewer.session.invalidate(changes, kernelIno: view.kernelIno)
+            guard let events = viewer.session.events else { continue }
+            events.enqueue(replica.withNamespace { ns in KernelEventScript.build(changes, in: ns, view: view) })
         }
     }
 
-    func addViewer(_ session: FUSESession, kernelIno: @escaping @Sendable (UInt64) -> UInt64?) {
-        viewers.withLock { $0[ObjectIdentifier(session)] = Viewer(session: session, kernelIno: kernelIno) }
+    func addViewer(_ session: FUSESession, view: @escaping @Sendable () -> KernelView?) {
+        viewers.withLock { $0[ObjectIdentifier(session)] = Viewer(session: session, view: view) }
     }
 
     func removeViewer(_ session: FUSESession) {

@@ -259,7 +259,8 @@ package final class Daemon: @unchecked Sendable {
                 let view = try container.view(request.scope, folderLevels: levels)
                 host = MountHost(mountpoint: mountpoint, kind: .container(id: id, scope: request.scope), fileSystem: view,
                                  containers: [container], daemon: self)
-                container.addViewer(host.session) { view.kernelIno($0) }
+                let shown = view.kernelView()
+                container.addViewer(host.session) { shown }
             } catch {
                 try? release([container], drain: nil)
                 throw error
@@ -270,7 +271,8 @@ package final class Daemon: @unchecked Sendable {
                 let view = try home.view(.all, folderLevels: .any)
                 let drive = DriveFileSystem(home: view, slotFor: { [self] in driveSlot($0) })
                 host = MountHost(mountpoint: mountpoint, kind: .drive(drive), fileSystem: drive, containers: [home], daemon: self)
-                home.addViewer(host.session) { view.kernelIno($0) }
+                let shown = view.kernelView()
+                home.addViewer(host.session) { shown }
             } catch {
                 try? release([home], drain: nil)
                 throw error
@@ -478,7 +480,10 @@ package final class Daemon: @unchecked Sendable {
                 }
                 let view = try host.view(.documents, folderLevels: config.supportedFolderLevels)
                 views[config.id] = view
-                host.addViewer(mount.session) { [weak drive] ino in drive?.kernelIno(container: config.id, view.kernelIno(ino)) }
+                host.addViewer(mount.session) { [weak drive] in
+                    guard let drive, let folder = drive.currentFolders().first(where: { $0.containerID == config.id }) else { return nil }
+                    return view.kernelView(prefix: [folder.name]) { [weak drive] ino in drive?.kernelIno(container: config.id, ino) }
+                }
             } catch {
                 logger.warning("the drive at \(mount.mountpoint) cannot show \(config.id): \(error)")
             }

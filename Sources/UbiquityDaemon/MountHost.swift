@@ -61,6 +61,9 @@ final class MountHost: @unchecked Sendable {
         self.daemon = daemon
         self.containers = Mutex((containers, false))
         session = FUSESession(fileSystem: fileSystem, mountpoint: mountpoint, logger: daemon.logger)
+        session.events = KernelEventReplay(mountpoint: mountpoint, fs: fileSystem, logger: daemon.logger) {
+            [weak session] parent, name in session?.dropEntry(parent: parent, name: name)
+        }
     }
 
     var drive: DriveFileSystem? {
@@ -106,6 +109,7 @@ final class MountHost: @unchecked Sendable {
             ended.wait()
             throw EndedAtOnce(reason: UbiquityError(EIO, "the FUSE session at \(mountpoint) ended as it started (\(problem)); the daemon's log says why"))
         }
+        session.events?.start()
         logger.info("mounted \(label) at \(mountpoint)")
     }
 
@@ -114,6 +118,8 @@ final class MountHost: @unchecked Sendable {
     func serve() {
         let status = session.run()
         logger.info("FUSE loop of \(mountpoint) ended (status \(status))")
+        // A replay step waiting for this loop returns when the session closes.
+        session.events?.stop(wait: false)
         // No pull, download or drive refresh may notify this kernel any more
         // before the session is destroyed.
         let hosts = containers.withLock { c -> [ContainerHost] in
@@ -299,10 +305,13 @@ final class MountHost: @unchecked Sendable {
             // Anything still pending is held open for writing (what the store
             // refuses made `drain` throw): the unmount below reports EBUSY.
             unmountWaiter.withLock { $0 = connection }
+            // The event replay lets go of the mount first (it would make it busy).
+            session.events?.stop(wait: true)
             try Unmounter.unmount(mountpoint, lazy: false)
             connection.keepOpen()
         } catch let error as UbiquityError where error.errno == EBUSY {
             unmountWaiter.withLock { $0 = nil }
+            session.events?.start()
             connection.fail(error)
         } catch {
             unmountWaiter.withLock { $0 = nil }

@@ -44,6 +44,8 @@ public final class DriveFileSystem: MountedFileSystem {
     let table = Mutex(Table())
 
     static let slotShift: UInt64 = 48
+    /// The top bit of a handle is `KernelEventReplay`'s.
+    static let maxSlot = 0x7fff
     static let localMask: UInt64 = (1 << 48) - 1
     /// Listing offsets at and above this are container folders (after the home entries).
     static let folderOffsetBase: Int64 = 1 << 62
@@ -76,7 +78,7 @@ public final class DriveFileSystem: MountedFileSystem {
         table.withLock { t in
             for (id, fs) in made.sorted(by: { $0.key < $1.key }) {
                 var slot = slotFor(id)
-                if slot < 1 || slot > 0xffff || t.slots[slot] != nil { slot = (t.slots.keys.max() ?? 0) + 1 }
+                if slot < 1 || slot > Self.maxSlot || t.slots[slot] != nil { slot = (t.slots.keys.max() ?? 0) + 1 }
                 t.slots[slot] = fs
                 t.slotByContainer[id] = slot
             }
@@ -162,6 +164,11 @@ public final class DriveFileSystem: MountedFileSystem {
         }
         let (fs, local, slot) = try route(parent)
         return Self.outward(try fs.lookup(parent: local, name: name), slot)
+    }
+
+    public func entry(ino: UInt64) throws -> EntryReply {
+        let (fs, local, slot) = try route(ino)
+        return Self.outward(try fs.entry(ino: local), slot)
     }
 
     public func forget(ino: UInt64, count: UInt64) {

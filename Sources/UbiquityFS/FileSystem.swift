@@ -70,6 +70,13 @@ public final class FileSystem: Sendable {
     /// The kernel's inode number for replica inode `ino` (for invalidations).
     public func kernelIno(_ ino: UInt64) -> UInt64 { view.swap(ino) }
 
+    /// How this view shows in a mount: at `prefix` below its root, with
+    /// `outward` turning this view's inode numbers into the mount's.
+    public func kernelView(prefix: [FileName] = [], outward: @escaping @Sendable (UInt64) -> UInt64? = { $0 }) -> KernelView {
+        let view = self.view
+        return KernelView(root: view.root, hidden: view.hidden, prefix: prefix, kernelIno: { outward(view.swap($0)) })
+    }
+
     /// Refuse names the view keeps for itself, and directories deeper than it allows.
     func checkPlacement(parent: UInt64, name: FileName, directoryHeight: Int?, in ns: Namespace) throws {
         if parent == view.root, let hidden = view.hidden, name == hidden {
@@ -179,6 +186,15 @@ public final class FileSystem: Sendable {
     }
 
     /// The kernel forgets `count` references to `ino`.
+    public func entry(ino: UInt64) throws -> EntryReply {
+        let ino = view.swap(ino)
+        return try replica.withNamespace { ns in
+            guard let node = ns.node(ino) else { throw UbiquityError(ENOENT) }
+            ns.updateRuntime(ino) { $0.lookups += 1 }
+            return entryReply(node)
+        }
+    }
+
     public func forget(ino: UInt64, count: UInt64) {
         let ino = view.swap(ino)
         let dropped = replica.withNamespace { ns -> Bool in

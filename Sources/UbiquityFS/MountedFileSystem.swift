@@ -10,6 +10,9 @@ public protocol MountedFileSystem: AnyObject, Sendable {
     var attributeTimeout: Double { get }
 
     func lookup(parent: UInt64, name: FileName) throws -> EntryReply
+    /// The entry of inode `ino` (linked or not), counted as a lookup: for
+    /// telling a kernel about a node again (`KernelEventReplay`).
+    func entry(ino: UInt64) throws -> EntryReply
     func forget(ino: UInt64, count: UInt64)
     func getattr(ino: UInt64) throws -> Attributes
     func setattr(ino: UInt64, changes: AttributeChanges, handle: UInt64?) throws -> Attributes

@@ -27,6 +27,9 @@ final class FUSEContext: @unchecked Sendable {
     /// Set by `init` when the kernel agreed to passthrough (read by every
     /// `open` after it: the kernel sends nothing else before INIT's reply).
     var backingFiles: KernelBackingFiles?
+    /// The mount's event replay (set before mounting): requests from its
+    /// thread are answered by it (see `KernelEventReplay`).
+    var replay: KernelEventReplay?
 
     init(fs: any MountedFileSystem, logger: Logger) {
         self.fs = fs
@@ -48,6 +51,12 @@ final class FUSEContext: @unchecked Sendable {
             }
             fuse_reply_err(req, e.errno)
         }
+    }
+
+    /// The event replay, if `req` comes from its thread.
+    func replaying(_ req: fuse_req_t?) -> KernelEventReplay? {
+        guard let replay, let c = fuse_req_ctx(req), replay.isReplaying(c.pointee.pid) else { return nil }
+        return replay
     }
 
     static func caller(_ req: fuse_req_t?) -> Caller {
@@ -118,14 +127,16 @@ func makeOperations() -> fuse_lowlevel_ops {
         let ctx = FUSEContext.from(req)
         let name = Convert.name(name)
         ReceiveBufferPages.smallRequest()
+        let replay = ctx.replaying(req)
         ctx.serve(req, "lookup") {
             do {
-                var e = Convert.entry(try ctx.fs.lookup(parent: UInt64(parent), name: name))
+                let entry = try replay?.lookup(parent: UInt64(parent), name: name) ?? ctx.fs.lookup(parent: UInt64(parent), name: name)
+                var e = Convert.entry(entry)
                 fuse_reply_entry(req, &e)
             } catch let error as UbiquityError where error.errno == ENOENT {
                 // A negative entry the kernel may cache (invalidated when a pull creates the name).
                 var e = fuse_entry_param()
-                e.entry_timeout = ctx.fs.entryTimeout
+                e.entry_timeout = replay == nil ? ctx.fs.entryTimeout : 0
                 fuse_reply_entry(req, &e)
             }
         }
@@ -169,8 +180,10 @@ func makeOperations() -> fuse_lowlevel_ops {
             else if toSet & FUSE_SET_ATTR_MTIME != 0 { changes.mtime = .at(Convert.timespec(a.st_mtim)) }
             if toSet & FUSE_SET_ATTR_CTIME != 0 { changes.ctime = Convert.timespec(a.st_ctim) }
         }
+        let replay = ctx.replaying(req)
         ctx.serve(req, "setattr") {
-            var st = Convert.stat(try ctx.fs.setattr(ino: UInt64(ino), changes: changes, handle: handle))
+            let attributes = try replay?.setattr(ino: UInt64(ino)) ?? ctx.fs.setattr(ino: UInt64(ino), changes: changes, handle: handle)
+            var st = Convert.stat(attributes)
             fuse_reply_attr(req, &st, ctx.fs.attributeTimeout)
         }
     }
@@ -186,6 +199,7 @@ func makeOperations() -> fuse_lowlevel_ops {
     ops.mknod = { req, parent, name, mode, rdev in
         let ctx = FUSEContext.from(req)
         let name = Convert.name(name)
+        if let replay = ctx.replaying(req) { return reply(req, ctx, "mknod") { try replay.made(parent: UInt64(parent), name: name) } }
         ctx.serve(req, "mknod") {
             var e = Convert.entry(try ctx.fs.mknod(parent: UInt64(parent), name: name, mode: UInt32(mode),
                                                    rdev: UInt64(rdev), caller: FUSEContext.caller(req)))
@@ -196,6 +210,7 @@ func makeOperations() -> fuse_lowlevel_ops {
     ops.mkdir = { req, parent, name, mode in
         let ctx = FUSEContext.from(req)
         let name = Convert.name(name)
+        if let replay = ctx.replaying(req) { return reply(req, ctx, "mkdir") { try replay.made(parent: UInt64(parent), name: name) } }
         ctx.serve(req, "mkdir") {
             var e = Convert.entry(try ctx.fs.mkdir(parent: UInt64(parent), name: name, mode: UInt32(mode),
                                                    caller: FUSEContext.caller(req)))
@@ -206,6 +221,8 @@ func makeOperations() -> fuse_lowlevel_ops {
     ops.unlink = { req, parent, name in
         let ctx = FUSEContext.from(req)
         let name = Convert.name(name)
+        // The replay's removal is already in the replica.
+        if ctx.replaying(req) != nil { fuse_reply_err(req, 0); return }
         ctx.serve(req, "unlink") {
             try ctx.fs.unlink(parent: UInt64(parent), name: name)
             fuse_reply_err(req, 0)
@@ -215,6 +232,8 @@ func makeOperations() -> fuse_lowlevel_ops {
     ops.rmdir = { req, parent, name in
         let ctx = FUSEContext.from(req)
         let name = Convert.name(name)
+        // The replay's removal is already in the replica.
+        if ctx.replaying(req) != nil { fuse_reply_err(req, 0); return }
         ctx.serve(req, "rmdir") {
             try ctx.fs.rmdir(parent: UInt64(parent), name: name)
             fuse_reply_err(req, 0)
@@ -225,6 +244,7 @@ func makeOperations() -> fuse_lowlevel_ops {
         let ctx = FUSEContext.from(req)
         let target = Convert.string(link)
         let name = Convert.name(name)
+        if let replay = ctx.replaying(req) { return reply(req, ctx, "symlink") { try replay.made(parent: UInt64(parent), name: name) } }
         ctx.serve(req, "symlink") {
             var e = Convert.entry(try ctx.fs.symlink(target: target, parent: UInt64(parent), name: name,
                                                      caller: FUSEContext.caller(req)))
@@ -236,6 +256,7 @@ func makeOperations() -> fuse_lowlevel_ops {
         let ctx = FUSEContext.from(req)
         let name = Convert.name(name)
         let newName = Convert.name(newName)
+        if ctx.replaying(req) != nil { fuse_reply_err(req, 0); return }
         ctx.serve(req, "rename") {
             try ctx.fs.rename(parent: UInt64(parent), name: name, newParent: UInt64(newParent), newName: newName,
                               flags: RenameFlags(rawValue: flags))
@@ -246,6 +267,7 @@ func makeOperations() -> fuse_lowlevel_ops {
     ops.link = { req, ino, newParent, newName in
         let ctx = FUSEContext.from(req)
         let newName = Convert.name(newName)
+        if let replay = ctx.replaying(req) { return reply(req, ctx, "link") { try replay.made(parent: UInt64(newParent), name: newName) } }
         ctx.serve(req, "link") {
             var e = Convert.entry(try ctx.fs.link(ino: UInt64(ino), newParent: UInt64(newParent), newName: newName))
             fuse_reply_entry(req, &e)
@@ -257,8 +279,9 @@ func makeOperations() -> fuse_lowlevel_ops {
         ReceiveBufferPages.smallRequest()
         guard let fi else { fuse_reply_err(req, EINVAL); return }
         let flags = fi.pointee.flags
+        let replay = ctx.replaying(req)
         ctx.serve(req, "open") {
-            let opened = try ctx.fs.open(ino: UInt64(ino), flags: flags, backing: ctx.backingFiles)
+            let opened = try replay?.openReply() ?? ctx.fs.open(ino: UInt64(ino), flags: flags, backing: ctx.backingFiles)
             fi.pointee.fh = opened.handle
             ubq_fi_set_keep_cache(fi, opened.keepCache ? 1 : 0)
             ubq_fi_set_noflush(fi, opened.acknowledgedWithoutFlush ? 1 : 0)
@@ -281,9 +304,10 @@ func makeOperations() -> fuse_lowlevel_ops {
         guard let fi else { fuse_reply_err(req, EINVAL); return }
         let name = Convert.name(name)
         let flags = fi.pointee.flags
+        let replay = ctx.replaying(req)
         ctx.serve(req, "create") {
-            let (entry, opened) = try ctx.fs.create(parent: UInt64(parent), name: name, mode: UInt32(mode),
-                                                    flags: flags, caller: FUSEContext.caller(req))
+            let (entry, opened) = try replay.map { (try $0.made(parent: UInt64(parent), name: name), $0.openReply()) }
+                ?? ctx.fs.create(parent: UInt64(parent), name: name, mode: UInt32(mode), flags: flags, caller: FUSEContext.caller(req))
             fi.pointee.fh = opened.handle
             ubq_fi_set_keep_cache(fi, opened.keepCache ? 1 : 0)
             ubq_fi_set_noflush(fi, opened.acknowledgedWithoutFlush ? 1 : 0)
@@ -300,6 +324,7 @@ func makeOperations() -> fuse_lowlevel_ops {
         ReceiveBufferPages.smallRequest()
         guard let fi else { fuse_reply_err(req, EBADF); return }
         let handle = UInt64(fi.pointee.fh)
+        if KernelEventReplay.isReplayHandle(handle) { fuse_reply_err(req, EBADF); return }
         ctx.serve(req, "read") {
             switch try ctx.fs.read(handle: handle, offset: Int64(offset), size: size) {
             case .fileRange(let fd, let offset, let size, let passed):
@@ -322,6 +347,7 @@ func makeOperations() -> fuse_lowlevel_ops {
         let ctx = FUSEContext.from(req)
         guard let fi, let buffer else { fuse_reply_err(req, EBADF); return }
         let handle = UInt64(fi.pointee.fh)
+        if KernelEventReplay.isReplayHandle(handle) { fuse_reply_err(req, EBADF); return }
         ctx.serve(req, "write") {
             let written = try ctx.fs.write(handle: handle, offset: Int64(offset), bytes: UnsafeRawPointer(buffer), count: size)
             fuse_reply_write(req, written)
@@ -334,6 +360,7 @@ func makeOperations() -> fuse_lowlevel_ops {
         ReceiveBufferPages.smallRequest()
         guard let fi else { fuse_reply_err(req, EBADF); return }
         let handle = UInt64(fi.pointee.fh)
+        if KernelEventReplay.isReplayHandle(handle) { fuse_reply_err(req, 0); return }
         ctx.serve(req, "flush") {
             try ctx.fs.flush(handle: handle)
             fuse_reply_err(req, 0)
@@ -345,6 +372,7 @@ func makeOperations() -> fuse_lowlevel_ops {
         ReceiveBufferPages.smallRequest()
         guard let fi else { fuse_reply_err(req, EBADF); return }
         let handle = UInt64(fi.pointee.fh)
+        if KernelEventReplay.isReplayHandle(handle) { fuse_reply_err(req, 0); return }
         ctx.serve(req, "release") {
             try ctx.fs.release(handle: handle)
             fuse_reply_err(req, 0)
@@ -355,6 +383,7 @@ func makeOperations() -> fuse_lowlevel_ops {
         let ctx = FUSEContext.from(req)
         guard let fi else { fuse_reply_err(req, EBADF); return }
         let handle = UInt64(fi.pointee.fh)
+        if KernelEventReplay.isReplayHandle(handle) { fuse_reply_err(req, 0); return }
         ctx.serve(req, "fsync") {
             try ctx.fs.fsync(handle: handle, dataOnly: datasync != 0)
             fuse_reply_err(req, 0)
@@ -365,6 +394,7 @@ func makeOperations() -> fuse_lowlevel_ops {
         let ctx = FUSEContext.from(req)
         guard let fi else { fuse_reply_err(req, EBADF); return }
         let handle = UInt64(fi.pointee.fh)
+        if KernelEventReplay.isReplayHandle(handle) { fuse_reply_err(req, EBADF); return }
         ctx.serve(req, "fallocate") {
             try ctx.fs.fallocate(handle: handle, mode: mode, offset: Int64(offset), length: Int64(length))
             fuse_reply_err(req, 0)
@@ -457,6 +487,14 @@ func makeOperations() -> fuse_lowlevel_ops {
     }
 
     return ops
+}
+
+/// Answer an entry made by the event replay (`KernelEventReplay.made`).
+func reply(_ req: fuse_req_t?, _ ctx: FUSEContext, _ operation: StaticString, _ body: () throws -> EntryReply) {
+    ctx.serve(req, operation) {
+        var e = Convert.entry(try body())
+        fuse_reply_entry(req, &e)
+    }
 }
 
 /// The xattr reply protocol: size 0 asks for the length; a smaller buffer is ERANGE.

@@ -302,6 +302,24 @@ public final class FUSESession: @unchecked Sendable {
         withSession { se in _ = fuse_lowlevel_notify_inval_inode(se, ino, off_t(range.lowerBound), off_t(range.count)) }
     }
 
+    /// The mount's event replay: set before `mount`, it answers the requests
+    /// of its own thread (`KernelEventReplay`).
+    public var events: KernelEventReplay? {
+        get { context.replay }
+        set { context.replay = newValue }
+    }
+
+    /// Drop the kernel's entry for `name` in directory `parent` (kernel
+    /// numbers), and nothing else.
+    public func dropEntry(parent: UInt64, name: FileName) {
+        withSession { se in
+            _ = name.withCString { fuse_lowlevel_notify_inval_entry(se, fuse_ino_t(parent), $0, name.count) }
+        }
+    }
+
+    /// The filesystem this session serves.
+    public var fileSystem: any MountedFileSystem { context.fs }
+
     /// Drop the kernel's entry for `name` in directory `parent` (kernel numbers).
     public func invalidateEntry(parent: UInt64, name: FileName) {
         withSession { se in

@@ -72,6 +72,9 @@ public struct Namespace: Sendable {
     var itemChangeRing = [UInt64](repeating: 0, count: 16_384)
     /// The values a running transaction replaced (nil: no transaction).
     var undo: Undo?
+    /// Set while a pull applies another device's change set: what each entry
+    /// named before the change set first changed it (see `EntryHistory`).
+    public var entryHistory: EntryHistory?
 
     public static let rootIno: UInt64 = 1
 
@@ -288,6 +291,7 @@ public struct Namespace: Sendable {
     /// caller has dealt with the replaced node via `unlinkEntry` first).
     public mutating func linkEntry(_ parent: UInt64, _ name: FileName, _ ino: UInt64, local: Bool = true) {
         let previous = lookup(parent, name) ?? 0
+        noteEntryHistory(parent, name, previous)
         saveEntry(parent, name)
         saveNode(ino)
         saveNode(parent)
@@ -323,6 +327,7 @@ public struct Namespace: Sendable {
     @discardableResult
     public mutating func unlinkEntry(_ parent: UInt64, _ name: FileName, local: Bool = true) -> UInt64? {
         guard let ino = lookup(parent, name) else { return nil }
+        noteEntryHistory(parent, name, ino)
         saveEntry(parent, name)
         saveNode(ino)
         saveNode(parent)
@@ -353,6 +358,12 @@ public struct Namespace: Sendable {
         log.append(.removeEntry(parent: parent, name: name))
         if local { markEntryPending(parent, name, base: ino) }
         return ino
+    }
+
+    mutating func noteEntryHistory(_ parent: UInt64, _ name: FileName, _ previous: UInt64) {
+        guard entryHistory != nil else { return }
+        let earlier = previous == 0 ? nil : store.node(previous).map { EntryHistory.Earlier(ino: previous, kind: $0.kind, mode: $0.mode) }
+        entryHistory!.note(EntryKey(parent: parent, name: name), earlier)
     }
 
     /// The node at `path` (names from the root), if any.

@@ -93,6 +93,9 @@ public enum LinuxCalls {
         }
     }
 
+    /// The calling thread's ID (what the kernel tells a FUSE daemon as the requester's pid).
+    public static var threadID: Int32 { ubq_gettid() }
+
     /// Give memory freed by a large operation back to the system.
     public static func releaseFreeMemory() { _ = ubq_malloc_trim() }
 

@@ -156,6 +156,11 @@ struct ChangeApplier {
         }
         if local.unlinked && contentDiffers { resurrections.append(ino) }
         changes.node(ino, contentChanged: contentDiffers, in: ns)
+        // What a program sees change: not the ctime a rename sends, nor a
+        // folder's times, which move with what is put in it.
+        let metadataDiffers = !keepLocalMetadata && (local.mode != state.mode || local.uid != state.uid || local.gid != state.gid
+            || (local.kind != .directory && local.mtime != state.mtime) || local.target != state.target || local.xattrs != state.xattrs)
+        if contentDiffers || metadataDiffers { changes.edited[ino] = (changes.edited[ino] ?? false) || contentDiffers }
         if refresh || (contentDiffers && ns.isPinned(ino)) { changes.refresh.append(ino) }
     }
 

@@ -54,8 +54,11 @@ extension SyncEngine {
                         var changed = ReplicaChanges()
                         if let remote {
                             var applier = ChangeApplier(seq: record.seq, deviceName: device.name)
+                            ns.entryHistory = EntryHistory()
                             applier.apply(remote, to: &ns)
                             changed = applier.changes
+                            changed.history = ns.entryHistory ?? EntryHistory()
+                            ns.entryHistory = nil
                         }
                         ns.setAppliedSeq(record.seq)
                         return changed
@@ -99,6 +102,12 @@ public struct ReplicaChanges: Sendable {
     /// cache files are removed once the pull is recorded.
     public var dropped: [UInt64] = []
     public var count = 0                      // every change applied, cached or not
+    /// What every entry the pull changed named before (whether the kernel
+    /// cached it or not), and every node whose state another device
+    /// changed (ino → its content changed): what the kernels are shown as
+    /// events (`KernelEventScript`).
+    public var history = EntryHistory()
+    public var edited: [UInt64: Bool] = [:]
 
     public var isEmpty: Bool { count == 0 }
 
@@ -120,6 +129,8 @@ public struct ReplicaChanges: Sendable {
         refresh += other.refresh
         dropped += other.dropped
         count += other.count
+        history.merge(other.history)
+        edited.merge(other.edited) { $0 || $1 }
     }
 }
 
