@@ -7,6 +7,8 @@ packages=(
   libfuse3-dev fuse3 libsqlite3-dev pkg-config
   # tests: real tools on the mount, and the peer for benchmarks
   vim git sqlite3 rsync tar attr bindfs rclone fio shared-mime-info python3
+  # tests: watchers of remote changes, and the file manager's extension under a headless desktop
+  inotify-tools libglib2.0-bin xvfb xauth dbus dbus-x11 python3-gi python3-nautilus gir1.2-nautilus-4.0 nautilus
   # tests: S3 servers -- Tests/servers/s3servers.py runs a throwaway one-node
   # Ceph (monitor, OSD on memstore, RADOS Gateway) on loopback; keep in sync
   # with CEPH_PACKAGES there.  SeaweedFS comes from PyPI (Tests/requirements.txt).
