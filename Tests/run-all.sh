@@ -37,6 +37,9 @@ export UBIQUITYFS_TEST_S3_SERVERS="$(IFS=,; echo "${servers[*]}")"
 swift build --build-tests
 swift test --skip-build
 python3 -m pytest -q -p no:cacheprovider Tests/servers Tests/posix Tests/mount "$@"
+# The file manager's extension (Packaging/nautilus): a stub and the real GObject
+# introspection, real mounts, and a real Nautilus under Xvfb.
+python3 -m pytest -q -p no:cacheprovider Tests/nautilus "$@"
 # Sync on S3: two devices, placeholders (streaming), conflicts, offline, kill -9, scopes,
 # the drive, query and real tools, against the first server (SeaweedFS).
 UBQ_TEST_STORE=s3 python3 -m pytest -q -p no:cacheprovider \

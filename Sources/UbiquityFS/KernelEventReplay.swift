@@ -31,7 +31,7 @@ import Glibc
 /// closed after it (an open descriptor would make `umount` busy).
 ///
 /// Keeping up: scripts queue here; while more than `maxQueuedSteps` steps
-/// wait, the queue is replaced by one `attrib` per folder it touched (the
+/// wait (50,000), the queue is replaced by one `attrib` per folder it touched (the
 /// sign to look at the folder again, like inotify's `IN_Q_OVERFLOW`), and
 /// the kernel's entries for everything dropped are invalidated. A step the
 /// kernel refuses (a racing program cached the after state: `EEXIST`,
@@ -42,7 +42,9 @@ import Glibc
 /// never held across a system call on the mount (the calls are answered by
 /// FUSE workers that take `state`).
 public final class KernelEventReplay: Sendable {
-    public static let maxQueuedSteps = 50_000
+    /// Steps that may wait before the queue overflows (`UBIQUITYFS_EVENT_QUEUE_LIMIT` in the
+    /// daemon's environment sets it, for tests).
+    let maxQueuedSteps = ProcessInfo.processInfo.environment["UBIQUITYFS_EVENT_QUEUE_LIMIT"].flatMap { Int($0) } ?? 50_000
     /// Replay handles are told apart from the filesystem's by this bit (the
     /// drive keeps its container slots below it).
     public static let handleBit: UInt64 = 1 << 63
@@ -136,7 +138,7 @@ public final class KernelEventReplay: Sendable {
             guard q.running, !q.stopping else { return (false, []) }
             q.scripts.append(script)
             q.steps += script.steps.count
-            guard q.steps > Self.maxQueuedSteps else { return (true, []) }
+            guard q.steps > maxQueuedSteps else { return (true, []) }
             // Overflow: one look-again per folder instead of every step.
             let all = q.scripts
             var folders: [[FileName]: Void] = [:]

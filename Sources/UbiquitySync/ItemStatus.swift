@@ -212,9 +212,12 @@ extension SyncEngine {
     }
 
     /// Moves whenever what a query could see may have changed (local
-    /// changes, pulls, download progress): a watch recomputes only then.
+    /// changes, pulls, download progress, evictions, pins): a watch
+    /// recomputes only then.
     public var changeGeneration: UInt64 {
-        let local = replica.withNamespace { ns in ns.pushWork &+ ns.appliedSeq &* 1_000_003 }
+        let local = replica.withNamespace { ns in
+            ns.pushWork &+ ns.appliedSeq &* 1_000_003 &+ ns.itemChangeSeq &* 8_191 &+ ns.structureSeq &* 131_071
+        }
         let transfers = downloads.withJobs { jobs in jobs.values.reduce(UInt64(jobs.count)) { $0 &+ $1.verified } }
         return local &+ transfers &* 7
     }

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import threading
 import time
@@ -306,3 +307,34 @@ def test_a_burst_of_10000_files_arrives_with_its_events(make_device, watchers):
         time.sleep(0.5)
     assert complete(), f"{sum(1 for l in w.lines if l.startswith('CREATE '))} CREATE events of {count}, no overflow"
     assert all(l.split(" ", 1)[1].startswith(folder) for l in w.lines if l.startswith("CREATE "))
+
+
+def test_a_burst_beyond_the_queue_limit_tells_each_folder_to_look_again(make_device, watchers):
+    """Above the queue's limit the per-item events are dropped and each folder
+    gets one IN_ATTRIB on itself (here the limit is lowered to 50 steps)."""
+    a = make_device("a")
+    b = make_device("b", mount=False)
+    b.mount_env = {"UBIQUITYFS_EVENT_QUEUE_LIMIT": "50"}
+    b.mount()
+    for folder in ("one", "two"):
+        (a.mountpoint / folder).mkdir()
+    wait_for_path(b.mountpoint / "two")
+    w = inotifywait(b.mountpoint)
+    watchers.append(w)
+    os.kill(b.pid, signal.SIGSTOP)   # B pulls everything in one go when it resumes
+    try:
+        for i in range(200):
+            (a.mountpoint / ("one" if i % 2 else "two") / f"f{i:03d}").write_bytes(b"x")
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and "Uploads:      0 items" not in a.cli("status", a.mountpoint, timeout=30).stdout:
+            time.sleep(0.2)
+    finally:
+        os.kill(b.pid, signal.SIGCONT)
+    for folder in ("one", "two"):
+        w.has("ATTRIB,ISDIR", f"{b.mountpoint}/{folder}")
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and len(os.listdir(b.mountpoint / "one")) + len(os.listdir(b.mountpoint / "two")) < 200:
+        time.sleep(0.2)
+    assert len(os.listdir(b.mountpoint / "one")) + len(os.listdir(b.mountpoint / "two")) == 200
+    creates = [l for l in w.lines if l.startswith("CREATE ")]
+    assert len(creates) < 200, "the queue did not overflow"
