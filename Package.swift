@@ -10,6 +10,8 @@ let package = Package(
     platforms: [.macOS(.v15)],
     products: [
         .executable(name: "ubiquityfs", targets: ["ubiquityfs"]),
+        // iCloud Documents' API for Swift apps on Linux (docs/UBIQUITYKIT.md).
+        .library(name: "UbiquityKit", targets: ["UbiquityKit"]),
     ],
     dependencies: [
         .package(url: "https://github.com/apple/swift-argument-parser", from: "1.8.2"),
@@ -40,9 +42,14 @@ let package = Package(
                 .product(name: "Logging", package: "swift-log"),
             ],
             swiftSettings: swiftSettings),
+        // Finding this device's mounts and their daemons: shared by the daemon, the CLI and UbiquityKit.
+        .target(
+            name: "UbiquityLocator",
+            dependencies: [.product(name: "Crypto", package: "swift-crypto")],
+            swiftSettings: swiftSettings),
         .target(
             name: "UbiquityReplica",
-            dependencies: ["UbiquityStore", .product(name: "GRDB", package: "GRDB.swift")],
+            dependencies: ["UbiquityStore", "UbiquityLocator", .product(name: "GRDB", package: "GRDB.swift")],
             swiftSettings: swiftSettings),
         .target(
             name: "UbiquitySync",
@@ -58,9 +65,11 @@ let package = Package(
             swiftSettings: swiftSettings),
         .target(
             name: "UbiquityFUSE",
-            dependencies: ["CFuse3", "CFuseWire", "UbiquityFS", .product(name: "Logging", package: "swift-log")],
+            dependencies: ["CFuse3", "CFuseWire", "UbiquityFS", "UbiquityLocator", .product(name: "Logging", package: "swift-log")],
             swiftSettings: swiftSettings),
         .target(name: "UbiquityProtocol", swiftSettings: swiftSettings),
+        // Talks to the daemon only through UbiquityProtocol: no libfuse, SQLite or daemon code.
+        .target(name: "UbiquityKit", dependencies: ["UbiquityProtocol", "UbiquityLocator"], swiftSettings: swiftSettings),
         .target(
             name: "UbiquityDaemon",
             dependencies: [
@@ -76,6 +85,12 @@ let package = Package(
             ],
             swiftSettings: swiftSettings),
         .executableTarget(name: "ubiquityfs", dependencies: ["UbiquityCLI"], swiftSettings: swiftSettings),
+        // The seeds' samples on UbiquityKit (docs/UBIQUITYKIT.md); Swift 5 mode, as the seeds were written.
+        .executableTarget(name: "ubiquitykit-item-query", dependencies: ["UbiquityKit"], path: "Examples/ItemQuery",
+                         swiftSettings: [.swiftLanguageMode(.v5)]),
+        .executableTarget(name: "ubiquitykit-document-list", dependencies: ["UbiquityKit"], path: "Examples/DocumentList",
+                          swiftSettings: [.swiftLanguageMode(.v5)]),
+        .testTarget(name: "UbiquityKitTests", dependencies: ["UbiquityKit"], swiftSettings: swiftSettings),
         .testTarget(
             name: "UbiquityControlTests",
             dependencies: ["UbiquityControl"],

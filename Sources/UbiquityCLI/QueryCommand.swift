@@ -86,7 +86,7 @@ struct QueryCommand: ParsableCommand {
         } : nil
         let encoder = JSONEncoder()
         encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
-        _ = try ControlClient.call(socket: socket, request, expecting: QueryFinished.self, rawLine: passThrough) { update in
+        _ = try ControlClient.call(socket: socket, request, expecting: QueryFinished.self, rawLine: passThrough, onUpdate: { update in
             guard case .event(let event) = update, event.event != .heartbeat else { return }
             if json {
                 if let line = try? encoder.encode(event) { FileHandle.standardOutput.write(line + Data([0x0a])) }
@@ -98,7 +98,7 @@ struct QueryCommand: ParsableCommand {
                 print("\(event.event.rawValue.padding(toLength: 8, withPad: " ", startingAt: 0)) \(row(item))")
             }
             fflush(nil)
-        }
+        })
         if !json && !watch { printTable(rows) }
     }
 

@@ -118,6 +118,7 @@ enum Attributes {
         "NSMetadataItemDisplayNameKey": "displayName",
         "kMDItemDisplayName": "displayName",
         "NSMetadataItemURLKey": "url",
+        "kMDItemURL": "url",
         "NSMetadataItemPathKey": "path",
         "kMDItemPath": "path",
         "NSMetadataItemFSSizeKey": "size",

@@ -80,7 +80,8 @@ final class ContainerHost: @unchecked Sendable, ReplicaObserver {
         options.soleView = { [weak self] in !(self?.isShared ?? false) }
         switch scope {
         case .all:
-            break
+            // The whole container shows its Documents folder, as an iCloud container has one.
+            _ = try documentsFolder()
         case .data:
             options.view = ViewRoot(hidden: Self.documents)
         case .documents:

@@ -226,8 +226,10 @@ final class MountHost: @unchecked Sendable {
             connection.finish(statusReport())
         case .describe:
             // What `query --container` needs to find a mount, without counting items.
+            var scope: Scope?
+            if case .container(_, let shown) = kind { scope = shown }
             connection.finish(MountDescription(containers: hosts.map(\.id), store: daemon.storePath,
-                                               dataHome: daemon.locations.dataHome.path))
+                                               dataHome: daemon.locations.dataHome.path, scope: scope))
         case .download(let paths, let recursive):
             contentCommand(paths, connection) { items in
                 try downloadAll(items, recursive: recursive, connection: connection)

@@ -155,11 +155,12 @@ package enum QueryService {
         }
     }
 
-    /// `{"event":"…","item":{…}}` with the item's keys sorted: a
+    /// `{"event":"…","id":N,"item":{…}}` with the item's keys sorted (`id`:
+    /// the item's number for this query, the same across its updates): a
     /// `QueryEvent` line, written by hand (JSONEncoder would spend seconds
     /// on 100,000 results).
-    static func eventLine(_ event: QueryEvent.Kind, _ item: MetadataItem) -> String {
-        var out = "{\"event\":\"\(event.rawValue)\",\"item\":{"
+    static func eventLine(_ event: QueryEvent.Kind, _ item: MetadataItem, id: UInt64) -> String {
+        var out = "{\"event\":\"\(event.rawValue)\",\"id\":\(id),\"item\":{"
         var first = true
         for key in item.values.keys.sorted() {
             if !first { out += "," }
@@ -220,7 +221,7 @@ package enum QueryService {
         // A thousand result lines a write.
         var start = 0
         while start < results.count {
-            let lines = results[start..<min(results.count, start + 1000)].map { eventLine(.result, $0.1) }
+            let lines = results[start..<min(results.count, start + 1000)].map { eventLine(.result, $0.1, id: $0.0) }
             guard connection.sendRaw(Data(lines.joined(separator: "\n").utf8)) else { return }
             start += 1000
         }
@@ -262,10 +263,10 @@ package enum QueryService {
             func settle(_ key: UInt64, _ item: MetadataItem?) {
                 let old = current[key]
                 if let item {
-                    if old != item { events.append(eventLine(old == nil ? .added : .changed, item)) }
+                    if old != item { events.append(eventLine(old == nil ? .added : .changed, item, id: key)) }
                     current[key] = item
                 } else if let old {
-                    events.append(eventLine(.removed, old))
+                    events.append(eventLine(.removed, old, id: key))
                     current[key] = nil
                 }
             }

@@ -11,22 +11,25 @@ public enum ControlClient {
     /// update goes to `onUpdate`, the final line is the result (or the
     /// daemon's error, thrown). `rawLine`, if given, sees each line first and
     /// returns true when it took it as is (`query --json` prints result lines
-    /// verbatim, without decoding 100,000 of them).
+    /// verbatim, without decoding 100,000 of them). `connected` gets the
+    /// connection's descriptor: `shutdown` on it from another thread ends a
+    /// call that would go on (a query's watch) with `noAnswer`.
     public static func call<Result: Codable & Sendable>(
         socket path: String, _ request: ControlRequest, expecting: Result.Type = Result.self,
-        rawLine: ((Data) -> Bool)? = nil, onUpdate: (Update) -> Void = { _ in }
+        rawLine: ((Data) -> Bool)? = nil, connected: (Int32) -> Void = { _ in }, onUpdate: (Update) -> Void = { _ in }
     ) throws -> Result {
         let fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
         guard fd >= 0 else { throw ControlError(.unreachable, "socket: \(String(cString: strerror(errno)))", errno: errno) }
         defer { close(fd) }
         var address = try address(path)
-        let connected = withUnsafePointer(to: &address) {
+        let connectResult = withUnsafePointer(to: &address) {
             $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
         }
-        guard connected == 0 else {
+        guard connectResult == 0 else {
             let code = errno
             throw ControlError(.unreachable, "connect to \(path): \(String(cString: strerror(code)))", errno: code)
         }
+        connected(fd)
         var data: Data
         do { data = try JSONEncoder().encode(request) } catch {
             throw ControlError(.malformedRequest, "cannot encode the request: \(error)")

@@ -57,13 +57,17 @@ public struct QueryEvent: Sendable, Equatable, Codable {
         case result, added, changed, removed, gatheringFinished, heartbeat
     }
     public var event: Kind
+    /// The item's number for this query: the same in every event about it,
+    /// whatever its path becomes (since protocol 1.1).
+    public var id: UInt64?
     /// The item's attributes (result, added, changed, removed).
     public var item: [String: JSONValue]?
     /// How many results (gatheringFinished).
     public var count: Int?
 
-    public init(_ event: Kind, item: [String: JSONValue]? = nil, count: Int? = nil) {
+    public init(_ event: Kind, id: UInt64? = nil, item: [String: JSONValue]? = nil, count: Int? = nil) {
         self.event = event
+        self.id = id
         self.item = item
         self.count = count
     }
@@ -138,11 +142,14 @@ public struct MountDescription: Sendable, Equatable, Codable {
     /// The store as `status` names it.
     public var store: String
     public var dataHome: String
+    /// The scope a container's mount shows; nil for the drive (since protocol 1.1).
+    public var scope: Scope?
 
-    public init(containers: [String], store: String, dataHome: String) {
+    public init(containers: [String], store: String, dataHome: String, scope: Scope? = nil) {
         self.containers = containers
         self.store = store
         self.dataHome = dataHome
+        self.scope = scope
     }
 }
 

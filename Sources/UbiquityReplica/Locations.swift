@@ -1,4 +1,5 @@
 import Foundation
+import UbiquityLocator
 import UbiquityStore
 #if canImport(Glibc)
 import Glibc
@@ -13,13 +14,8 @@ public struct Locations: Sendable {
     public var dataHome: URL
 
     public init(environment: [String: String] = ProcessInfo.processInfo.environment) {
-        if let xdg = environment["XDG_DATA_HOME"], xdg.hasPrefix("/") {
-            dataHome = URL(fileURLWithPath: xdg).appendingPathComponent("ubiquityfs")
-        } else {
-            let home = environment["HOME"] ?? NSHomeDirectory()
-            dataHome = URL(fileURLWithPath: home).appendingPathComponent(".local/share/ubiquityfs")
-        }
-        runtimeDirectory = Self.runtimeDirectory(environment)
+        dataHome = LocatorPaths.dataHome(environment)
+        runtimeDirectory = LocatorPaths.runtimeDirectory(environment)
     }
 
     public var runtimeDirectory: URL
@@ -28,15 +24,6 @@ public struct Locations: Sendable {
 
     public func replica(storeID: String, container: String) -> URL {
         dataHome.appendingPathComponent("replicas").appendingPathComponent(storeID).appendingPathComponent(container)
-    }
-
-    /// `$XDG_RUNTIME_DIR/ubiquityfs`, or `/tmp/ubiquityfs-UID` when it is
-    /// unset. Not checked here: `prepareRuntimeDirectory` does that before use.
-    static func runtimeDirectory(_ env: [String: String]) -> URL {
-        if let dir = env["XDG_RUNTIME_DIR"], dir.hasPrefix("/"), access(dir, W_OK) == 0 {
-            return URL(fileURLWithPath: dir).appendingPathComponent("ubiquityfs")
-        }
-        return URL(fileURLWithPath: "/tmp/ubiquityfs-\(getuid())")
     }
 
     /// The runtime directory, created owner-only if missing. One that exists
@@ -82,8 +69,7 @@ public struct Locations: Sendable {
     /// Where this device records the daemon of its mount at `mountpoint`
     /// (see `MountRecord`).
     public func mountRecord(mountpoint: String) -> URL {
-        let name = ContentCopy.hash(of: Data(mountpoint.utf8)).prefix(24)
-        return dataHome.appendingPathComponent("mounts").appendingPathComponent("\(name).json")
+        LocatorPaths.mountRecord(dataHome: dataHome, mountpoint: mountpoint)
     }
 
     /// The socket of the daemon serving this device's mounts of the store at
@@ -97,14 +83,13 @@ public struct Locations: Sendable {
         runtimeDirectory.appendingPathComponent("daemon-\(daemonKey(store)).lock")
     }
 
-    func daemonKey(_ store: String) -> Substring {
-        ContentCopy.hash(of: Data((dataHome.path + "\n" + store).utf8)).prefix(24)
+    func daemonKey(_ store: String) -> String {
+        LocatorPaths.key(dataHome.path + "\n" + store)
     }
 
     /// The control socket of the mount at `mountpoint` (absolute, resolved).
     public func controlSocket(mountpoint: String) -> URL {
-        let name = ContentCopy.hash(of: Data(mountpoint.utf8)).prefix(24)
-        return runtimeDirectory.appendingPathComponent("\(name).sock")
+        runtimeDirectory.appendingPathComponent("\(LocatorPaths.key(mountpoint)).sock")
     }
 }
 

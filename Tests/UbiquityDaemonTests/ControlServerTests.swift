@@ -259,9 +259,9 @@ import Glibc
             "name": .string("a \"quoted\"\n\u{1}name/é"), "size": .number(1234), "ratio": .number(0.25),
             "isDirectory": .bool(false), "modificationDate": .date(1_700_000_000.5), "uploadingError": .null,
         ])
-        let line = QueryService.eventLine(.changed, item)
+        let line = QueryService.eventLine(.changed, item, id: 1 << 48 | 42)
         let event = try JSONDecoder().decode(QueryEvent.self, from: Data(line.utf8))
-        #expect(event == QueryEvent(.changed, item: QueryService.json(item)))
+        #expect(event == QueryEvent(.changed, id: 1 << 48 | 42, item: QueryService.json(item)))
         #expect(event.item?["modificationDate"] == .string("2023-11-14T22:13:20Z"))
     }
 }

@@ -1,0 +1,168 @@
+"""UbiquityKit on real mounts: the seeds' samples (Examples/) built on the
+library run against two devices of one store. A query on B reports A's
+saves, edits and deletions as DidUpdate with the item in the added, changed
+or removed items; the guide's AsyncStream query lists the Documents scope;
+`FileManager.url(forUbiquityContainerIdentifier:)` mounts a container on
+demand. docs/UBIQUITYKIT.md says what maps to what.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import BIN, store_args
+
+pytestmark = pytest.mark.daemon
+
+CONTAINER = "com.example.kit"
+EXAMPLES = Path(BIN).parent
+
+
+def example(name: str) -> Path:
+    path = EXAMPLES / name
+    if not path.exists():
+        pytest.skip(f"{path} is not built (swift build builds the examples)")
+    return path
+
+
+class Program:
+    """An example program in the background, its output lines collected with their arrival time."""
+
+    def __init__(self, argv, env):
+        self.proc = subprocess.Popen([str(a) for a in argv], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     text=True)
+        self.lines: list[tuple[float, str]] = []
+        self.lock = threading.Lock()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            with self.lock:
+                self.lines.append((time.monotonic(), line.rstrip("\n")))
+
+    def wait_for(self, predicate, timeout=15, after=0.0, what=""):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self.lock:
+                for t, line in self.lines:
+                    if t >= after and predicate(line):
+                        return t, line
+            time.sleep(0.02)
+        with self.lock:
+            text = "\n".join(l for _, l in self.lines)
+        raise AssertionError(f"no line {what} within {timeout}s; the program printed:\n{text}")
+
+    def stop(self):
+        self.proc.terminate()
+        try:
+            self.proc.wait(5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@pytest.fixture
+def programs():
+    started: list[Program] = []
+    yield started
+    for p in started:
+        p.stop()
+
+
+def two_container_mounts(store, make_device):
+    res = subprocess.run([str(BIN), "container", "create", CONTAINER, "--name", "Kit", *store_args(store)],
+                         capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    devices = []
+    for name in ("a", "b"):
+        dev = make_device(name, mount=False, container=CONTAINER)
+        dev.mount_args = ("--scope", "all", "--device-name", name)
+        dev.mount()
+        devices.append(dev)
+    a, b = devices
+    deadline = time.monotonic() + 20
+    while not (a.mountpoint / "Documents").is_dir() or not (b.mountpoint / "Documents").is_dir():
+        assert time.monotonic() < deadline, "Documents did not appear on both devices"
+        time.sleep(0.1)
+    return a, b
+
+
+def test_a_query_on_b_follows_saves_edits_and_deletions_on_a(store, make_device, programs):
+    a, b = two_container_mounts(store, make_device)
+    (a.mountpoint / "Documents" / "first.txt").write_text("one")
+    (a.mountpoint / "Documents" / "notes.md").write_text("not a text document")
+    while not (b.mountpoint / "Documents" / "first.txt").exists():
+        time.sleep(0.05)
+    # The tutorial's query: text documents of the Documents scope.
+    listing = Program([example("ubiquitykit-document-list"), CONTAINER, "txt"], b.env())
+    programs.append(listing)
+    listing.wait_for(lambda l: l == "documents=[first.txt]", what="the gathered list")
+
+    start = time.monotonic()
+    (a.mountpoint / "Documents" / "second.txt").write_text("two")
+    t, _ = listing.wait_for(lambda l: l == "update added=[second.txt] changed=[] removed=[]", after=start,
+                            what="second.txt added")
+    assert t - start < 2.0 + 1.0, f"the update came {t - start:.2f}s after A's save"
+    start = time.monotonic()
+    with open(a.mountpoint / "Documents" / "first.txt", "a") as f:
+        f.write(" more")
+    listing.wait_for(lambda l: l.startswith("update added=[] changed=[first.txt]"), after=start, what="first.txt changed")
+    start = time.monotonic()
+    os.rename(a.mountpoint / "Documents" / "second.txt", a.mountpoint / "Documents" / "renamed.txt")
+    # A rename is a change of the same item (its name and path), not a removal and an addition.
+    listing.wait_for(lambda l: l == "update added=[] changed=[renamed.txt] removed=[]", after=start, what="the rename")
+    start = time.monotonic()
+    os.unlink(a.mountpoint / "Documents" / "first.txt")
+    listing.wait_for(lambda l: l == "update added=[] changed=[] removed=[first.txt]", after=start, what="first.txt removed")
+    listing.wait_for(lambda l: l == "documents=[renamed.txt]", after=start, what="the list after the removal")
+    with listing.lock:
+        assert not any("notes.md" in l for _, l in listing.lines), "the predicate let a .md file through"
+
+
+def test_the_guides_async_stream_lists_the_documents_scope(store, make_device, programs):
+    a, b = two_container_mounts(store, make_device)
+    (a.mountpoint / "Documents" / "hello.txt").write_text("hello world")
+    (a.mountpoint / "Documents" / "folder").mkdir()
+    (a.mountpoint / "data.db").write_text("the Data scope")
+    while not (b.mountpoint / "Documents" / "folder").exists():
+        time.sleep(0.05)
+    query = Program([example("ubiquitykit-item-query"), CONTAINER], b.env())
+    programs.append(query)
+    query.wait_for(lambda l: l == "--- 2 items", what="the first list")
+    query.wait_for(lambda l: l.startswith("hello.txt false 11"), what="hello.txt with its size")
+    query.wait_for(lambda l: l.startswith("folder true"), what="the folder")
+    (a.mountpoint / "Documents" / "new.txt").write_text("new")
+    query.wait_for(lambda l: l == "--- 3 items", what="the list after A's save")
+    with query.lock:
+        assert not any("data.db" in l for _, l in query.lines), "a Data-scope item in a Documents-scope query"
+
+
+def test_a_container_is_mounted_on_demand(tmp_path, programs):
+    """`url(forUbiquityContainerIdentifier:)` on a device with no mount of the
+    container mounts it, on the device's default store, at
+    $XDG_DATA_HOME/ubiquityfs/containers/ID."""
+    data = tmp_path / "data"
+    env = {**os.environ, "XDG_DATA_HOME": str(data), "UBIQUITYFS_BIN": str(BIN)}
+    default_store = data / "ubiquityfs" / "store"
+    default_store.mkdir(parents=True)
+    res = subprocess.run([str(BIN), "container", "create", CONTAINER, "--store", str(default_store)],
+                         capture_output=True, text=True, env=env)
+    assert res.returncode == 0, res.stderr
+    mountpoint = data / "ubiquityfs" / "containers" / CONTAINER
+    query = Program([example("ubiquitykit-item-query"), CONTAINER], env)
+    programs.append(query)
+    try:
+        query.wait_for(lambda l: l == "--- 0 items", timeout=30, what="the (empty) list of a new container")
+        assert os.path.ismount(mountpoint), f"{mountpoint} is not mounted"
+        (mountpoint / "Documents" / "made.txt").write_text("made here")
+        query.wait_for(lambda l: l == "--- 1 items", what="the file made in the container mounted on demand")
+    finally:
+        query.stop()
+        subprocess.run([str(BIN), "unmount", str(mountpoint)], env=env, capture_output=True, timeout=120)
+    assert not os.path.ismount(mountpoint)
