@@ -488,8 +488,11 @@ package final class Daemon: @unchecked Sendable {
                 logger.warning("the drive at \(mount.mountpoint) cannot show \(config.id): \(error)")
             }
         }
+        let before = drive.folderInodes()
         let changed = drive.update(folders: shown.map { ($0.id, $0.displayName) }, fileSystem: { views[$0] })
         for name in changed { mount.session.invalidateEntry(parent: 1, name: name) }
+        // Folders that come and go raise the events a mkdir or rmdir would.
+        if !changed.isEmpty { mount.session.events?.enqueue(.driveFolders(before: before, after: drive.folderInodes())) }
         if !changed.isEmpty { logger.info("drive at \(mount.mountpoint): folders changed (\(changed.map(\.description).sorted()))") }
     }
 

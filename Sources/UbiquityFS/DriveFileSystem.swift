@@ -114,6 +114,11 @@ public final class DriveFileSystem: MountedFileSystem {
         return out
     }
 
+    /// The shown folders' names and kernel inode numbers.
+    public func folderInodes() -> [FileName: UInt64] {
+        Dictionary(currentFolders().map { ($0.name, UInt64($0.slot) << Self.slotShift | 1) }, uniquingKeysWith: { a, _ in a })
+    }
+
     /// The container folder named `name` at the root, if any.
     func folder(named name: FileName) -> (containerID: String, slot: Int)? {
         currentFolders().first { $0.name == name }.map { ($0.containerID, $0.slot) }

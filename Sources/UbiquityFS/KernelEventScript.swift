@@ -52,6 +52,37 @@ public struct KernelEventScript: Sendable {
     }
 }
 
+extension KernelEventScript {
+    /// A drive's container folders appearing, disappearing or renamed (each
+    /// folder: its name at the drive's root and its kernel inode number).
+    public static func driveFolders(before: [FileName: UInt64], after: [FileName: UInt64]) -> KernelEventScript {
+        var script = KernelEventScript()
+        let mode = UInt32(S_IFDIR) | 0o755
+        func key(_ name: FileName) -> KernelKey { KernelKey(parent: 1, name: name) }
+        func place(_ name: FileName) -> KernelPlace { KernelPlace(folder: [], key: key(name)) }
+        let renamedFrom = Dictionary(before.compactMap { name, ino in after[name] == nil ? (ino, name) : nil },
+                                     uniquingKeysWith: { a, _ in a })
+        for name in Set(before.keys).union(after.keys) {
+            script.initial[key(name)] = before[name].map { .node(ino: $0, mode: mode) } ?? .absent
+        }
+        var moved = Set<FileName>()
+        for (name, ino) in after.sorted(by: { $0.key < $1.key }) where before[name] != ino {
+            if let old = renamedFrom[ino] {
+                moved.insert(old)
+                script.steps.append(ReplayStep(action: .rename(from: place(old), to: place(name)),
+                                               updates: [(key(old), .absent), (key(name), .node(ino: ino, mode: mode))]))
+            } else {
+                script.steps.append(ReplayStep(action: .create(place(name), mode: mode, rdev: 0, target: "", size: 0, fresh: false),
+                                               updates: [(key(name), .node(ino: ino, mode: mode))]))
+            }
+        }
+        for name in before.keys.sorted() where after[name] == nil && !moved.contains(name) {
+            script.steps.append(ReplayStep(action: .remove(place(name), directory: true), updates: [(key(name), .absent)]))
+        }
+        return script
+    }
+}
+
 /// How one container's replica shows in one mount.
 public struct KernelView: Sendable {
     /// The replica inode shown at `prefix` (a scope's root).
@@ -107,6 +138,11 @@ public struct ReplayStep: Sendable {
     public var action: Action
     /// What the kernel holds at each name this step changes, after it.
     public var updates: [(KernelKey, Holding)]
+
+    public init(action: Action, updates: [(KernelKey, Holding)]) {
+        self.action = action
+        self.updates = updates
+    }
 
     /// The folder the step acts in (for a rename, where it lands).
     var folder: [FileName] {

@@ -338,3 +338,23 @@ def test_a_burst_beyond_the_queue_limit_tells_each_folder_to_look_again(make_dev
     assert len(os.listdir(b.mountpoint / "one")) + len(os.listdir(b.mountpoint / "two")) == 200
     creates = [l for l in w.lines if l.startswith("CREATE ")]
     assert len(creates) < 200, "the queue did not overflow"
+
+
+def test_container_folders_coming_and_going_in_the_drive_raise_events(store, make_device, watchers):
+    drive = make_device("drive")
+    root = drive.mountpoint
+    w = inotifywait(root, recursive=False)
+    watchers.append(w)
+
+    def container(*args):
+        res = subprocess.run([str(BIN), "container", *args, *store_args(store)], capture_output=True, text=True)
+        assert res.returncode == 0, res.stderr
+
+    container("create", "com.example.notes", "--name", "Notes", "--public")
+    w.has("CREATE,ISDIR", f"{root}/Notes", timeout=30)
+    container("set", "com.example.notes", "--name", "Journal")
+    w.has("MOVED_FROM,ISDIR", f"{root}/Notes", timeout=30)
+    w.has("MOVED_TO,ISDIR", f"{root}/Journal", timeout=30)
+    container("set", "com.example.notes", "--public", "false")
+    w.has("DELETE,ISDIR", f"{root}/Journal", timeout=30)
+    assert "Journal" not in os.listdir(root)
