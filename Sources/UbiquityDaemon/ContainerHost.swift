@@ -80,8 +80,7 @@ final class ContainerHost: @unchecked Sendable, ReplicaObserver {
         options.soleView = { [weak self] in !(self?.isShared ?? false) }
         switch scope {
         case .all:
-            // The whole container shows its Documents folder, as an iCloud container has one.
-            _ = try documentsFolder()
+            break
         case .data:
             options.view = ViewRoot(hidden: Self.documents)
         case .documents:

@@ -256,6 +256,8 @@ package final class Daemon: @unchecked Sendable {
             let container = try openContainer(id, create: true)
             do {
                 let levels = containerConfigs()[id]?.supportedFolderLevels ?? .any
+                // A mount of a whole container shows its Documents folder, as an iCloud container has one.
+                if request.scope == .all { _ = try container.documentsFolder() }
                 let view = try container.view(request.scope, folderLevels: levels)
                 host = MountHost(mountpoint: mountpoint, kind: .container(id: id, scope: request.scope), fileSystem: view,
                                  containers: [container], daemon: self)
