@@ -17,7 +17,8 @@ import Glibc
 /// `openat(O_CREAT|O_EXCL)`, `mkdirat`, `renameat`, `unlinkat`,
 /// `ftruncate`, `utimensat` — following a `KernelEventScript`, and the FUSE
 /// adapter hands every request that comes from that thread (the kernel names
-/// the requesting thread) to `answer…` here instead of the filesystem. The
+/// the requesting thread) to `lookup`, `made`, `openReply` and `setattr`
+/// here instead of the filesystem (removals and renames it answers itself). The
 /// change is already in the replica: these answers change nothing, push
 /// nothing and download nothing; a lookup is answered from the script's
 /// virtual tree (what the kernel was shown so far), so the kernel sees the
@@ -87,9 +88,6 @@ public final class KernelEventReplay: Sendable {
         var nextHandle: UInt64 = 1
     }
     let state = Mutex(State())
-    /// Counters for `status` and the tests: steps made, skipped, and overflows.
-    public struct Counters: Sendable { public var replayed = 0, skipped = 0, overflows = 0 }
-    public let counters = Mutex(Counters())
 
     public init(mountpoint: String, fs: any MountedFileSystem, logger: Logger,
                 invalidate: @escaping @Sendable (UInt64, FileName) -> Void) {
@@ -153,15 +151,11 @@ public final class KernelEventReplay: Sendable {
             return (true, all)
         }
         if !dropped.isEmpty {
-            counters.withLock { $0.overflows += 1 }
             logger.info("\(mountpoint): \(dropped.reduce(0) { $0 + $1.steps.count }) events for remote changes queued; folders are told to look again instead")
             for script in dropped { invalidateAll(script) }
         }
         if accepted { wake.signal() }
     }
-
-    /// Scripts waiting or under way (for tests and `status`).
-    public var isIdle: Bool { queue.withLock { $0.scripts.isEmpty } && state.withLock { $0.holding.isEmpty } }
 
     func run() {
         thread.store(LinuxCalls.threadID, ordering: .releasing)
@@ -194,19 +188,18 @@ public final class KernelEventReplay: Sendable {
         }
         defer { close(root) }
         state.withLock { s in s.holding = script.initial }
-        var replayed = 0, skipped = 0
+        var skipped = 0
         for step in script.steps {
             if queue.withLock({ $0.stopping }) { break }
-            if perform(step, root: root) { replayed += 1 } else { skipped += 1 }
+            if !perform(step, root: root) { skipped += 1 }
             state.withLock { s in
                 for (key, holding) in step.updates { s.holding[key] = holding }
                 s.creating = [:]
             }
         }
         state.withLock { s in s.holding = [:] }
-        counters.withLock { c in
-            c.replayed += replayed
-            c.skipped += skipped
+        if skipped > 0 {
+            logger.info("\(mountpoint): \(skipped) of \(script.steps.count) events for remote changes not raised (a program looked first, or the call was refused)")
         }
     }
 
@@ -244,14 +237,12 @@ public final class KernelEventReplay: Sendable {
         return fd
     }
 
-    /// Make one step's system call (retried once after dropping the kernel's
-    /// entries if a racing lookup cached the after state). True if it was made.
+    /// Make one step's system call, the kernel's entries for its names
+    /// dropped first (a racing lookup may have cached the after state), and
+    /// once more if the kernel refused it so. True if it was made.
     func perform(_ step: ReplayStep, root: Int32) -> Bool {
-        for attempt in 0..<2 {
-            let keys = keys(of: step)
-            if attempt > 0 || !keys.isEmpty {
-                for key in keys where key.parent != 0 { invalidate(key.parent, key.name) }
-            }
+        for _ in 0..<2 {
+            for key in keys(of: step) where key.parent != 0 { invalidate(key.parent, key.name) }
             let result = call(step, root: root)
             if result == 0 { return true }
             if result != EEXIST && result != ENOENT && result != ENOTEMPTY && result != EISDIR && result != ENOTDIR { break }
