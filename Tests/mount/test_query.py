@@ -255,7 +255,8 @@ def build_spec(seed: int, n_dirs: int = 60, n_files: int = 420):
 
 def write_tree(root, dirs: dict, files: dict, rng: random.Random) -> list[Item]:
     for rel in dirs:
-        os.mkdir(os.path.join(root, rel))
+        # A mount of a whole container has its Documents folder already.
+        os.makedirs(os.path.join(root, rel), exist_ok=rel == "Documents")
     for rel, (size, mtime) in files.items():
         path = os.path.join(root, rel)
         with open(path, "wb") as f:
