@@ -90,6 +90,8 @@ let package = Package(
                          swiftSettings: [.swiftLanguageMode(.v5)]),
         .executableTarget(name: "ubiquitykit-document-list", dependencies: ["UbiquityKit"], path: "Examples/DocumentList",
                           swiftSettings: [.swiftLanguageMode(.v5)]),
+        .executableTarget(name: "ubiquitykit-folder-monitor", dependencies: ["UbiquityKit"], path: "Examples/FolderMonitor",
+                          swiftSettings: [.swiftLanguageMode(.v5)]),
         .testTarget(name: "UbiquityKitTests", dependencies: ["UbiquityKit"], swiftSettings: swiftSettings),
         .testTarget(
             name: "UbiquityControlTests",

@@ -166,3 +166,24 @@ def test_a_container_is_mounted_on_demand(tmp_path, programs):
         query.stop()
         subprocess.run([str(BIN), "unmount", str(mountpoint)], env=env, capture_output=True, timeout=120)
     assert not os.path.ismount(mountpoint)
+
+
+def test_the_books_monitor_watches_the_data_scope_and_stops(store, make_device, programs):
+    """Listing 18-1: monitoring the Data scope (the container outside Documents)
+    reports Data files only; after stopMonitoring nothing more is reported."""
+    a, b = two_container_mounts(store, make_device)
+    monitor = Program([example("ubiquitykit-folder-monitor"), CONTAINER, "data", "6"], b.env())
+    programs.append(monitor)
+    time.sleep(2)   # gathering
+    start = time.monotonic()
+    (a.mountpoint / "state.json").write_text("{}")
+    (a.mountpoint / "Documents" / "visible.txt").write_text("a document")
+    _, line = monitor.wait_for(lambda l: l.startswith("names=[") and "state.json" in l, after=start,
+                               what="the Data file in the names")
+    assert "visible.txt" not in line and "Documents" not in line, line
+    monitor.wait_for(lambda l: l == "stopped", timeout=15, what="the monitor stopping")
+    stopped = time.monotonic()
+    (a.mountpoint / "later.json").write_text("{}")
+    time.sleep(3)
+    with monitor.lock:
+        assert not any(t > stopped and "later.json" in l for t, l in monitor.lines), "an update after stopMonitoring"
