@@ -92,6 +92,8 @@ let package = Package(
                           swiftSettings: [.swiftLanguageMode(.v5)]),
         .executableTarget(name: "ubiquitykit-folder-monitor", dependencies: ["UbiquityKit"], path: "Examples/FolderMonitor",
                           swiftSettings: [.swiftLanguageMode(.v5)]),
+        .executableTarget(name: "ubiquitykit-documents-handler", dependencies: ["UbiquityKit"], path: "Examples/DocumentsHandler",
+                          swiftSettings: [.swiftLanguageMode(.v5)]),
         .testTarget(name: "UbiquityKitTests", dependencies: ["UbiquityKit"], swiftSettings: swiftSettings),
         .testTarget(
             name: "UbiquityControlTests",

@@ -215,6 +215,18 @@ final class ControlConnection: Sendable {
         }
     }
 
+    /// Whether the client has closed its side (or sent more, which it must
+    /// not): wait for that at most `seconds` (nil: for as long as it takes).
+    func peerClosed(waitingAtMost seconds: Double?) -> Bool {
+        var pfd = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
+        let timeout = seconds.map { Int32($0 * 1000) } ?? -1
+        while true {
+            let n = poll(&pfd, 1, timeout)
+            if n < 0 && errno == EINTR { continue }
+            return n != 0
+        }
+    }
+
     func close(force: Bool = false) {
         if !force && heldOpen.withLock({ $0 }) { return }
         closed.withLock { isClosed in

@@ -59,6 +59,8 @@ package final class Daemon: @unchecked Sendable {
 
     let settings: DaemonSettings
     let locations = Locations()
+    /// Coordinated access for every mount of this daemon (`NSFileCoordinator`).
+    let coordinator = Coordinator()
     var logger = Logger(label: "ubiquityfs")
     var device = DeviceIdentity(id: "", name: "")
     var store: (any Store)!

@@ -230,6 +230,8 @@ final class MountHost: @unchecked Sendable {
             if case .container(_, let shown) = kind { scope = shown }
             connection.finish(MountDescription(containers: hosts.map(\.id), store: daemon.storePath,
                                                dataHome: daemon.locations.dataHome.path, scope: scope))
+        case .coordinate(let reads, let writes):
+            coordinate(reads: reads, writes: writes, connection)
         case .download(let paths, let recursive):
             contentCommand(paths, connection) { items in
                 try downloadAll(items, recursive: recursive, connection: connection)
@@ -321,6 +323,21 @@ final class MountHost: @unchecked Sendable {
             let failure = UbiquityError.wrap(error)
             connection.fail(UbiquityError(failure.errno, "cannot push to the store (\(failure)); \(counted(pending, "item")) stay queued. `ubiquityfs unmount --force` detaches now and keeps them for the next mount"))
         }
+    }
+
+    /// Coordinated access: wait for the items (as paths on this device), say
+    /// `granted`, hold them until the client closes the connection. A reader
+    /// of a placeholder gets it downloaded first.
+    func coordinate(reads: [[String]], writes: [[String]], _ connection: ControlConnection) {
+        func key(_ names: [String]) -> String { ([mountpoint] + names).joined(separator: "/") }
+        let placeholders = reads.compactMap { names in try? locate(names.map { FileName($0) }) }
+        if !placeholders.isEmpty { try? downloadAll(placeholders, recursive: false, connection: connection) }
+        guard let token = daemon.coordinator.acquire(reads: reads.map(key), writes: writes.map(key), abandoned: {
+            connection.peerClosed(waitingAtMost: 0)
+        }) else { return }
+        defer { daemon.coordinator.release(token) }
+        guard connection.send(.granted) else { return }
+        _ = connection.peerClosed(waitingAtMost: nil)
     }
 
     /// Resolve `paths` (names below the mountpoint) and run `body` on their

@@ -20,6 +20,8 @@ public enum Update: Sendable, Equatable {
     case pushing(PushProgress)
     case downloading(DownloadProgress)
     case event(QueryEvent)
+    /// `coordinate`: the access may begin (`{"granted":true}`).
+    case granted
 }
 
 /// What `unmount` still has to push.
@@ -233,13 +235,14 @@ extension Reply: Codable {
 }
 
 extension Update: Codable {
-    enum Key: String, CodingKey { case pushing, downloading, event }
+    enum Key: String, CodingKey { case pushing, downloading, event, granted }
 
     public init(from decoder: any Decoder) throws {
         let c = try decoder.container(keyedBy: Key.self)
         if c.contains(.pushing) { self = .pushing(try c.decode(PushProgress.self, forKey: .pushing)) }
         else if c.contains(.downloading) { self = .downloading(try c.decode(DownloadProgress.self, forKey: .downloading)) }
         else if c.contains(.event) { self = .event(try QueryEvent(from: decoder)) }
+        else if c.contains(.granted) { self = .granted }
         else {
             throw DecodingError.dataCorrupted(.init(codingPath: [], debugDescription: "a line of no kind this protocol knows"))
         }
@@ -255,6 +258,9 @@ extension Update: Codable {
             try c.encode(progress, forKey: .downloading)
         case .event(let event):
             try event.encode(to: encoder)
+        case .granted:
+            var c = encoder.container(keyedBy: Key.self)
+            try c.encode(true, forKey: .granted)
         }
     }
 }

@@ -39,6 +39,10 @@ public enum Command: Sendable, Equatable {
     case resolve(paths: [[String]], keep: ConflictKeep)
     /// A metadata query, with `event` lines. → `QueryFinished`
     case query(QueryParameters)
+    /// Coordinated access (`NSFileCoordinator`): wait until the items may be
+    /// read (shared) and written (exclusive), get `granted`, keep the
+    /// connection open while accessing; closing it ends the access (since 1.1).
+    case coordinate(reads: [[String]], writes: [[String]])
     /// Push everything, with `pushing` lines, then unmount. → `NoResult`
     case unmount
 
@@ -56,6 +60,7 @@ public enum Command: Sendable, Equatable {
         case .versions: "versions"
         case .resolve: "resolve"
         case .query: "query"
+        case .coordinate: "coordinate"
         case .unmount: "unmount"
         }
     }
@@ -171,7 +176,7 @@ extension ControlRequest: Codable {
     enum Key: String, CodingKey {
         case `protocol`, command
         case mountpoint, container, scope, fuseOptions, deviceName, sharedStore
-        case paths, path, recursive, keep
+        case paths, path, recursive, keep, reads, writes
         case predicate, sort, scopes, watch, throttle
     }
 
@@ -211,6 +216,9 @@ extension ControlRequest: Codable {
                 container: try c.decodeIfPresent(String.self, forKey: .container),
                 watch: try c.decodeIfPresent(Bool.self, forKey: .watch) ?? false,
                 throttle: try c.decodeIfPresent(Double.self, forKey: .throttle) ?? 1))
+        case "coordinate":
+            command = .coordinate(reads: try c.decodeIfPresent([[String]].self, forKey: .reads) ?? [],
+                                  writes: try c.decodeIfPresent([[String]].self, forKey: .writes) ?? [])
         case "unmount": command = .unmount
         default: throw UnknownCommand(name: name)
         }
@@ -247,6 +255,9 @@ extension ControlRequest: Codable {
             try c.encodeIfPresent(q.container, forKey: .container)
             try c.encode(q.watch, forKey: .watch)
             try c.encode(q.throttle, forKey: .throttle)
+        case .coordinate(let reads, let writes):
+            try c.encode(reads, forKey: .reads)
+            try c.encode(writes, forKey: .writes)
         }
     }
 }

@@ -187,3 +187,61 @@ def test_the_books_monitor_watches_the_data_scope_and_stops(store, make_device, 
     time.sleep(3)
     with monitor.lock:
         assert not any(t > stopped and "later.json" in l for t, l in monitor.lines), "an update after stopMonitoring"
+
+
+def test_coordinated_access_across_processes(store, make_device, programs):
+    """A coordinated writer in one process holds off a coordinated reader in
+    another (and a reader holds off a writer); uncoordinated programs are not held."""
+    a, _ = two_container_mounts(store, make_device)
+    path = a.mountpoint / "Documents" / "shared.txt"
+    path.write_text("v1")
+    handler = example("ubiquitykit-documents-handler")
+    writer = Program([handler, "write", path, "v2", "2"], a.env())
+    programs.append(writer)
+    t_writing, _ = writer.wait_for(lambda l: l.startswith("writing "), what="the writer's grant")
+    assert path.read_text() == "v1"   # cat is not coordinated: it reads at once
+    reader = Program([handler, "read", path], a.env())
+    programs.append(reader)
+    _, wrote = writer.wait_for(lambda l: l.startswith("wrote "), what="the write")
+    _, read = reader.wait_for(lambda l: l.startswith("read "), what="the read")
+    assert float(read.split()[1]) >= float(wrote.split()[1]), (wrote, read)
+    assert read.split(" ", 2)[2] == "v2", read
+
+    # The other way: a held read (a reader's process holding it: a write with HOLD is the writer).
+    holder = Program([handler, "write", path, "v3", "2"], a.env())
+    programs.append(holder)
+    holder.wait_for(lambda l: l.startswith("writing "), what="the second writer's grant")
+    second = Program([handler, "write", path, "v4"], a.env())
+    programs.append(second)
+    _, first_done = holder.wait_for(lambda l: l.startswith("wrote "), what="the first write")
+    _, second_done = second.wait_for(lambda l: l.startswith("wrote "), what="the second write")
+    assert float(second_done.split()[1]) >= float(first_done.split()[1])
+    assert path.read_text() == "v4"
+
+    # A process that dies holding an item lets go of it.
+    dying = Program([handler, "write", path, "v5", "30"], a.env())
+    programs.append(dying)
+    dying.wait_for(lambda l: l.startswith("writing "), what="the grant before the kill")
+    dying.proc.kill()
+    after = Program([handler, "read", path], a.env())
+    programs.append(after)
+    after.wait_for(lambda l: l.startswith("read "), timeout=10, what="a read after the holder died")
+
+
+def test_a_presenter_is_told_of_another_devices_edit(store, make_device, programs):
+    a, b = two_container_mounts(store, make_device)
+    (a.mountpoint / "Documents" / "watched.txt").write_text("first")
+    while not (b.mountpoint / "Documents" / "watched.txt").exists():
+        time.sleep(0.05)
+    monitor = Program([example("ubiquitykit-documents-handler"), "monitor", b.mountpoint / "Documents" / "watched.txt", "20"],
+                      b.env())
+    programs.append(monitor)
+    monitor.wait_for(lambda l: l == "monitoring", what="the presenter's start")
+    start = time.monotonic()
+    with open(a.mountpoint / "Documents" / "watched.txt", "a") as f:
+        f.write(" and more")
+    t, _ = monitor.wait_for(lambda l: l == "file changed", after=start, what="presentedItemDidChange")
+    assert t - start < 3, f"told {t - start:.2f}s after A's save"
+    start = time.monotonic()
+    os.rename(a.mountpoint / "Documents" / "watched.txt", a.mountpoint / "Documents" / "renamed.txt")
+    monitor.wait_for(lambda l: l == "file moved to renamed.txt", after=start, what="presentedItemDidMove")
