@@ -94,6 +94,8 @@ let package = Package(
                           swiftSettings: [.swiftLanguageMode(.v5)]),
         .executableTarget(name: "ubiquitykit-documents-handler", dependencies: ["UbiquityKit"], path: "Examples/DocumentsHandler",
                           swiftSettings: [.swiftLanguageMode(.v5)]),
+        .executableTarget(name: "ubiquitykit-document-editor", dependencies: ["UbiquityKit"], path: "Examples/DocumentEditor",
+                          swiftSettings: [.swiftLanguageMode(.v5)]),
         .testTarget(name: "UbiquityKitTests", dependencies: ["UbiquityKit"], swiftSettings: swiftSettings),
         .testTarget(
             name: "UbiquityControlTests",

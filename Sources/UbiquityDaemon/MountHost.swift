@@ -232,6 +232,12 @@ final class MountHost: @unchecked Sendable {
                                                dataHome: daemon.locations.dataHome.path, scope: scope))
         case .coordinate(let reads, let writes):
             coordinate(reads: reads, writes: writes, connection)
+        case .recordConflict(let path, let copy):
+            contentCommand([path, copy], connection) { items in
+                guard items[0].0 === items[1].0 else { throw UbiquityError(EXDEV, "the conflict version is in another container") }
+                try items[0].0.engine.recordConflict(ino: items[0].1, copy: items[1].1)
+                return NoResult()
+            }
         case .download(let paths, let recursive):
             contentCommand(paths, connection) { items in
                 try downloadAll(items, recursive: recursive, connection: connection)

@@ -43,6 +43,9 @@ public enum Command: Sendable, Equatable {
     /// read (shared) and written (exclusive), get `granted`, keep the
     /// connection open while accessing; closing it ends the access (since 1.1).
     case coordinate(reads: [[String]], writes: [[String]])
+    /// Record the file `copy` as an unresolved conflict version of the file
+    /// at `path` (`UIDocument` saving beside another device's version; since 1.1).
+    case recordConflict(path: [String], copy: [String])
     /// Push everything, with `pushing` lines, then unmount. → `NoResult`
     case unmount
 
@@ -61,6 +64,7 @@ public enum Command: Sendable, Equatable {
         case .resolve: "resolve"
         case .query: "query"
         case .coordinate: "coordinate"
+        case .recordConflict: "recordConflict"
         case .unmount: "unmount"
         }
     }
@@ -176,7 +180,7 @@ extension ControlRequest: Codable {
     enum Key: String, CodingKey {
         case `protocol`, command
         case mountpoint, container, scope, fuseOptions, deviceName, sharedStore
-        case paths, path, recursive, keep, reads, writes
+        case paths, path, recursive, keep, reads, writes, copy
         case predicate, sort, scopes, watch, throttle
     }
 
@@ -219,6 +223,8 @@ extension ControlRequest: Codable {
         case "coordinate":
             command = .coordinate(reads: try c.decodeIfPresent([[String]].self, forKey: .reads) ?? [],
                                   writes: try c.decodeIfPresent([[String]].self, forKey: .writes) ?? [])
+        case "recordConflict":
+            command = .recordConflict(path: try c.decode([String].self, forKey: .path), copy: try c.decode([String].self, forKey: .copy))
         case "unmount": command = .unmount
         default: throw UnknownCommand(name: name)
         }
@@ -258,6 +264,9 @@ extension ControlRequest: Codable {
         case .coordinate(let reads, let writes):
             try c.encode(reads, forKey: .reads)
             try c.encode(writes, forKey: .writes)
+        case .recordConflict(let path, let copy):
+            try c.encode(path, forKey: .path)
+            try c.encode(copy, forKey: .copy)
         }
     }
 }

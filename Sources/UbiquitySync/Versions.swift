@@ -79,4 +79,22 @@ extension SyncEngine {
         observer.withLock { $0 }?.replicaChanged(changes)
         wake.signal()
     }
+
+    /// Record file `copy` as an unresolved conflict version of file `ino`
+    /// (an app saved its edit beside a version another device made meanwhile:
+    /// `UIDocument`); pushed like any change, so every device lists it.
+    public func recordConflict(ino: UInt64, copy: UInt64) throws {
+        let changes = try replica.transaction(.mayUseReserve) { ns -> ReplicaChanges in
+            guard let node = ns.node(ino), let copied = ns.node(copy), !node.unlinked, !copied.unlinked else { throw UbiquityError(ENOENT) }
+            guard node.kind == .file, copied.kind == .file, ino != copy else {
+                throw UbiquityError(EINVAL, "a conflict version is a file beside another file")
+            }
+            ns.update(ino) { if !$0.conflicts.contains(copied.id) { $0.conflicts.append(copied.id) } }
+            var changes = ReplicaChanges()
+            changes.node(ino, contentChanged: false, in: ns)
+            return changes
+        }
+        observer.withLock { $0 }?.replicaChanged(changes)
+        wake.signal()
+    }
 }

@@ -245,3 +245,52 @@ def test_a_presenter_is_told_of_another_devices_edit(store, make_device, program
     start = time.monotonic()
     os.rename(a.mountpoint / "Documents" / "watched.txt", a.mountpoint / "Documents" / "renamed.txt")
     monitor.wait_for(lambda l: l == "file moved to renamed.txt", after=start, what="presentedItemDidMove")
+
+
+def test_the_uidocument_sample_creates_opens_reloads_and_flags_conflicts(store, make_device, programs):
+    a, b = two_container_mounts(store, make_device)
+    editor = example("ubiquitykit-document-editor")
+    saved_a = a.mountpoint / "Documents" / "savefile.txt"
+    # First run on B: no savefile.txt yet, so the post's flow creates it (UIDocument .forCreating).
+    first = Program([editor, CONTAINER], b.env())
+    programs.append(first)
+    first.wait_for(lambda l: l == "iCloud create OK", what="the document created")
+    first.wait_for(lambda l: l == "closed", what="the document closed")
+    deadline = time.monotonic() + 15
+    while not (saved_a.exists() and saved_a.read_text() == "Some Sample Text"):
+        assert time.monotonic() < deadline, "B's new document did not reach A"
+        time.sleep(0.1)
+
+    # Open it on B and follow it: an unmodified document reloads A's edit.
+    watcher = Program([editor, CONTAINER, "--watch", "30"], b.env())
+    programs.append(watcher)
+    watcher.wait_for(lambda l: l == "iCloud file open OK", what="the document opened")
+    watcher.wait_for(lambda l: l == "text: Some Sample Text", what="its text")
+    start = time.monotonic()
+    saved_a.write_text("Edited on A")
+    watcher.wait_for(lambda l: l == "loaded: Edited on A", after=start, what="the reload of A's edit")
+    watcher.stop()
+
+    # A document with unsaved changes is in conflict when A's edit arrives; closing saves it, and both versions stay.
+    editing = Program([editor, CONTAINER, "--set", "Edited on B", "--watch", "8"], b.env())
+    programs.append(editing)
+    editing.wait_for(lambda l: l == "edited", what="B's unsaved edit")
+    start = time.monotonic()
+    saved_a.write_text("Edited on A again")
+    editing.wait_for(lambda l: l.startswith("state=") and "inConflict" in l, after=start, what="the conflict state")
+    editing.wait_for(lambda l: l == "closed", timeout=20, what="the close (which saves B's text)")
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        texts = sorted(p.read_text() for p in (a.mountpoint / "Documents").iterdir() if p.name.startswith("savefile"))
+        if texts == ["Edited on A again", "Edited on B"]:
+            break
+        time.sleep(0.2)
+    assert texts == ["Edited on A again", "Edited on B"], texts
+    # B's version is a conflict version of the file, on A too (NSFileVersion, `ubiquityfs versions`).
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        listed = a.cli("versions", saved_a, timeout=30).stdout
+        if "conflicted copy" in listed:
+            break
+        time.sleep(0.2)
+    assert "conflicted copy" in listed, listed
