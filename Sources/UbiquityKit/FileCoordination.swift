@@ -104,7 +104,12 @@ open class NSFileCoordinator: NSObject, @unchecked Sendable {
         }
         // One connection per mount, in a fixed order (two coordinators never wait for each other crosswise).
         var held: [Int32] = []
-        defer { for fd in held { shutdown(fd, Int32(SHUT_RDWR)) } }
+        defer {
+            for fd in held {
+                shutdown(fd, Int32(SHUT_RDWR))   // the daemon lets go; the reading thread ends
+                close(fd)
+            }
+        }
         for (_, (record, readNames, writeNames)) in byMount.sorted(by: { $0.key < $1.key }) {
             if cancelled.withLock({ $0 }) { return fail(outError, CocoaError(.userCancelled)) }
             let reads = readOptions.contains(.immediatelyAvailableMetadataOnly) ? [] : readNames
