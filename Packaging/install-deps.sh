@@ -1,19 +1,30 @@
 #!/usr/bin/env bash
-# Install the Debian packages UbiquityFS needs to build, run and test.
-# Idempotent; run as root (or with sudo).
+# Install the Debian packages UbiquityFS needs, by purpose:
+#   bash Packaging/install-deps.sh [runtime] [build] [test] [s3]   (no argument: all four)
+# runtime: what the daemon needs to run; build: to compile it; test: the tools
+# the tests drive on the mount (and bindfs for benchmarks); s3: the Ceph RGW
+# test server. Idempotent; run as root (or with sudo).
 set -euo pipefail
-packages=(
-  # build and run
-  libfuse3-dev fuse3 libsqlite3-dev pkg-config
-  # tests: real tools on the mount, and the peer for benchmarks
-  vim git sqlite3 rsync tar attr bindfs rclone fio shared-mime-info python3
-  # tests: watchers of remote changes, and the file manager's extension under a headless desktop
-  inotify-tools libglib2.0-bin xvfb xauth dbus dbus-x11 python3-gi python3-nautilus gir1.2-nautilus-4.0 nautilus
-  # tests: S3 servers -- Tests/servers/s3servers.py runs a throwaway one-node
-  # Ceph (monitor, OSD on memstore, RADOS Gateway) on loopback; keep in sync
-  # with CEPH_PACKAGES there.  SeaweedFS comes from PyPI (Tests/requirements.txt).
-  ceph-mon ceph-osd radosgw ceph-common ceph-base
+declare -A groups=(
+  [runtime]="fuse3 shared-mime-info"
+  [build]="libfuse3-dev libsqlite3-dev pkg-config"
+  # real tools on the mount, watchers of remote changes, the file manager's extension
+  # under a headless desktop, and the peer for benchmarks
+  [test]="vim git sqlite3 rsync tar attr bindfs rclone fio python3 inotify-tools libglib2.0-bin
+          xvfb xauth dbus dbus-x11 python3-gi python3-nautilus gir1.2-nautilus-4.0 nautilus"
+  # Tests/servers/s3servers.py runs a throwaway one-node Ceph (monitor, OSD on memstore,
+  # RADOS Gateway) on loopback; keep in sync with CEPH_PACKAGES there. SeaweedFS comes
+  # from PyPI (Tests/requirements.txt).
+  [s3]="ceph-mon ceph-osd radosgw ceph-common ceph-base"
 )
+wanted=("$@")
+[ ${#wanted[@]} -gt 0 ] || wanted=(runtime build test s3)
+packages=()
+for group in "${wanted[@]}"; do
+  [ -n "${groups[$group]+x}" ] || { echo "install-deps: unknown group '$group' (runtime, build, test, s3)" >&2; exit 2; }
+  read -r -a list <<< "$(echo ${groups[$group]})"
+  packages+=("${list[@]}")
+done
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
