@@ -28,6 +28,7 @@ final class ContainerHost: @unchecked Sendable, ReplicaObserver {
     /// and how the container shows in it now (nil: not shown).
     struct Viewer {
         var session: FUSESession
+        var kernelIno: @Sendable (UInt64) -> UInt64?
         var view: @Sendable () -> KernelView?
     }
     let viewers = Mutex<[ObjectIdentifier: Viewer]>([:])
@@ -52,15 +53,16 @@ final class ContainerHost: @unchecked Sendable, ReplicaObserver {
     /// (`KernelEventScript`, performed by the mount's `KernelEventReplay`).
     func replicaChanged(_ changes: ReplicaChanges) {
         for viewer in viewers.withLock({ Array($0.values) }) {
-            guard let view = viewer.view() else { continue }
-            viewer.session.invalidate(changes, kernelIno: view.kernelIno)
-            guard let events = viewer.session.events else { continue }
+            // (A drive's hidden container folder: its inodes may still be held, by a cwd or a descriptor.)
+            viewer.session.invalidate(changes, kernelIno: viewer.kernelIno)
+            guard let view = viewer.view(), let events = viewer.session.events else { continue }
             events.enqueue(replica.withNamespace { ns in KernelEventScript.build(changes, in: ns, view: view) })
         }
     }
 
-    func addViewer(_ session: FUSESession, view: @escaping @Sendable () -> KernelView?) {
-        viewers.withLock { $0[ObjectIdentifier(session)] = Viewer(session: session, view: view) }
+    func addViewer(_ session: FUSESession, kernelIno: @escaping @Sendable (UInt64) -> UInt64?,
+                   view: @escaping @Sendable () -> KernelView?) {
+        viewers.withLock { $0[ObjectIdentifier(session)] = Viewer(session: session, kernelIno: kernelIno, view: view) }
     }
 
     func removeViewer(_ session: FUSESession) {

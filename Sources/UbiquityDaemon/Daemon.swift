@@ -264,7 +264,7 @@ package final class Daemon: @unchecked Sendable {
                 host = MountHost(mountpoint: mountpoint, kind: .container(id: id, scope: request.scope), fileSystem: view,
                                  containers: [container], daemon: self)
                 let shown = view.kernelView()
-                container.addViewer(host.session) { shown }
+                container.addViewer(host.session, kernelIno: { view.kernelIno($0) }, view: { shown })
             } catch {
                 try? release([container], drain: nil)
                 throw error
@@ -276,7 +276,7 @@ package final class Daemon: @unchecked Sendable {
                 let drive = DriveFileSystem(home: view, slotFor: { [self] in driveSlot($0) })
                 host = MountHost(mountpoint: mountpoint, kind: .drive(drive), fileSystem: drive, containers: [home], daemon: self)
                 let shown = view.kernelView()
-                home.addViewer(host.session) { shown }
+                home.addViewer(host.session, kernelIno: { view.kernelIno($0) }, view: { shown })
             } catch {
                 try? release([home], drain: nil)
                 throw error
@@ -484,9 +484,10 @@ package final class Daemon: @unchecked Sendable {
                 }
                 let view = try host.view(.documents, folderLevels: config.supportedFolderLevels)
                 views[config.id] = view
-                host.addViewer(mount.session) { [weak drive] in
+                let outward: @Sendable (UInt64) -> UInt64? = { [weak drive] ino in drive?.kernelIno(container: config.id, ino) }
+                host.addViewer(mount.session, kernelIno: { outward(view.kernelIno($0)) }) { [weak drive] in
                     guard let drive, let folder = drive.currentFolders().first(where: { $0.containerID == config.id }) else { return nil }
-                    return view.kernelView(prefix: [folder.name]) { [weak drive] ino in drive?.kernelIno(container: config.id, ino) }
+                    return view.kernelView(prefix: [folder.name], outward: outward)
                 }
             } catch {
                 logger.warning("the drive at \(mount.mountpoint) cannot show \(config.id): \(error)")
