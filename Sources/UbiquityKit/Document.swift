@@ -92,7 +92,7 @@ open class UIDocument: NSObject, NSFilePresenter, @unchecked Sendable {
     open func open(completionHandler: ((Bool) -> Void)? = nil) {
         let box = UncheckedBox(completionHandler)
         queue.addOperation { [self] in
-            if (try? NSFileVersion.unresolvedConflictVersionsOfItem(at: fileURL))??.isEmpty == false { setState(insert: .inConflict) }
+            if NSFileVersion.unresolvedConflictVersionsOfItem(at: fileURL)?.isEmpty == false { setState(insert: .inConflict) }
             setState(insert: .progressAvailable)
             let ok = read()
             setState(remove: [.progressAvailable])
