@@ -14,14 +14,6 @@ import Glibc
 /// removal or rename finds its node there) and must end at the after tree.
 /// The same scripts run on real mounts in Tests/mount/test_events.py.
 @Suite struct KernelEventScriptTests {
-    struct Random {
-        var state: UInt64
-        mutating func next(_ n: Int) -> Int {
-            state = state &* 6364136223846793005 &+ 1442695040888963407
-            return Int((state >> 33) % UInt64(n))
-        }
-    }
-
     /// The visible tree: (parent, name) → node, for every folder reachable from the root.
     static func tree(_ ns: Namespace) -> [KernelKey: UInt64] {
         var out: [KernelKey: UInt64] = [:]
@@ -36,7 +28,7 @@ import Glibc
     }
 
     @Test(arguments: 1...150) func performingTheStepsLeadsFromBeforeToAfter(seed: Int) throws {
-        var r = Random(state: UInt64(seed))
+        var r = PartitionModelTests.Random(state: UInt64(seed))
         var ns = Namespace()
         _ = ns.createNode(ino: Namespace.rootIno, id: .root, kind: .directory, mode: 0o755, uid: 0, gid: 0)
         var folders: [UInt64] = [Namespace.rootIno]
@@ -68,7 +60,9 @@ import Glibc
                     ns.linkEntry(dir, name, ino, local: false)
                 }
             case 1, 2:   // rename or move (onto a free name, or over a file)
-                guard let key = keys.randomElement(using: &r), let ino = live[key] else { break }
+                guard !keys.isEmpty else { break }
+                let key = r.pick(keys)
+                guard let ino = live[key] else { break }
                 let dirs = folders.filter { d in ns.node(d)?.unlinked == false || d == Namespace.rootIno }
                 let target = dirs[r.next(dirs.count)]
                 if ns.node(ino)?.kind == .directory && (target == ino || Self.isInside(target, ino, ns)) { break }
@@ -80,7 +74,9 @@ import Glibc
                 ns.unlinkEntry(key.parent, key.name, local: false)
                 ns.linkEntry(target, name, ino, local: false)
             case 3:   // delete a file, or an empty folder
-                guard let key = keys.randomElement(using: &r), let ino = live[key] else { break }
+                guard !keys.isEmpty else { break }
+                let key = r.pick(keys)
+                guard let ino = live[key] else { break }
                 if ns.node(ino)?.kind == .directory && !ns.entries(of: ino).isEmpty { break }
                 ns.unlinkEntry(key.parent, key.name, local: false)
             case 4:   // swap two files' names
@@ -93,7 +89,7 @@ import Glibc
                 ns.linkEntry(x.parent, x.name, b, local: false)
                 ns.linkEntry(y.parent, y.name, a, local: false)
             default:   // content edited
-                if let file = files.randomElement(using: &r), ns.node(file)?.unlinked == false { edited[file] = true }
+                if !files.isEmpty, case let file = r.pick(files), ns.node(file)?.unlinked == false { edited[file] = true }
             }
         }
         var changes = ReplicaChanges()
@@ -137,8 +133,11 @@ import Glibc
         #expect(end == after, "seed \(seed): the steps end at \(end.count) names, the tree has \(after.count)")
         // Every edit of a file that stays is told.
         for (ino, _) in edited where after.values.contains(ino) && before.values.contains(ino) {
-            #expect(script.steps.contains { if case .modify = $0.action { return true }; return false })
-            _ = ino
+            let names = Set(after.filter { $0.value == ino }.keys)
+            #expect(script.steps.contains { step in
+                if case .modify(let place, _) = step.action, let key = place.key { return names.contains(key) }
+                return false
+            }, "seed \(seed): no modify step for edited node \(ino)")
         }
     }
 
@@ -149,11 +148,5 @@ import Glibc
             current = ns.directoryParent[c]
         }
         return false
-    }
-}
-
-extension Array {
-    func randomElement(using r: inout KernelEventScriptTests.Random) -> Element? {
-        isEmpty ? nil : self[r.next(count)]
     }
 }

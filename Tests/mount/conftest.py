@@ -856,3 +856,75 @@ def make_tree(root, seed: int = 0, *, hardlinks: bool = True) -> Path:
         t = BASE_TIME_NS + rng.randrange(10**17)
         os.utime(root / d if d else root, ns=(t, t))
     return root
+
+
+# --------------------------------------------------------------------------
+# Programs in the background (watchers, example apps)
+# --------------------------------------------------------------------------
+
+
+class Background:
+    """A program in the background whose output lines (stdout and stderr) are
+    collected with their arrival times. `ready`: a line to wait for before
+    the constructor returns; `settle`: seconds to give a program that prints
+    no such line."""
+
+    def __init__(self, argv, env=None, ready: str | None = None, settle: float = 0, ready_timeout: float = 30):
+        self.proc = subprocess.Popen([str(a) for a in argv], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     text=True)
+        self.timed: list[tuple[float, str]] = []
+        self.lock = threading.RLock()
+        self._ready = threading.Event()
+        self._marker = ready
+        threading.Thread(target=self._read, daemon=True).start()
+        if ready is not None:
+            assert self._ready.wait(ready_timeout), f"{argv[0]} did not start: {self.text()}"
+        time.sleep(settle)
+
+    def _read(self):
+        for line in self.proc.stdout:
+            with self.lock:
+                self.timed.append((time.monotonic(), line.rstrip("\n")))
+            if self._marker and self._marker in line:
+                self._ready.set()
+
+    @property
+    def lines(self) -> list[str]:
+        with self.lock:
+            return [line for _, line in self.timed]
+
+    def text(self) -> str:
+        return "\n".join(self.lines)
+
+    def wait_for(self, predicate, timeout: float = 15, after: float = 0.0, what: str = "") -> tuple[float, str]:
+        """The first line since `after` (a `time.monotonic()`) that `predicate` accepts: (its time, the line)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self.lock:
+                for t, line in self.timed:
+                    if t >= after and predicate(line):
+                        return t, line
+            time.sleep(0.02)
+        raise AssertionError(f"no line {what} within {timeout}s; the program printed:\n{self.text()}")
+
+    def stop(self):
+        self.proc.terminate()
+        try:
+            self.proc.wait(5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+@pytest.fixture
+def background():
+    """Start programs with `background(argv, …)`; each is stopped at the end of the test."""
+    started: list[Background] = []
+
+    def start(*args, **kwargs) -> Background:
+        program = Background(*args, **kwargs)
+        started.append(program)
+        return program
+    yield start
+    for program in started:
+        program.stop()

@@ -14,13 +14,12 @@ import os
 import shutil
 import signal
 import subprocess
-import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from conftest import BIN, store_args
+from conftest import BIN, Background, store_args
 
 pytestmark = pytest.mark.daemon
 
@@ -35,63 +34,20 @@ def need(tool: str):
         pytest.skip(f"{tool} is not installed (Packaging/install-deps.sh test installs it)")
 
 
-class Watcher:
-    """A watching program in the background (inotifywait or gio monitor), its lines collected."""
+def has(watcher: Background, events: str, path: str, timeout=EVENT_TIMEOUT):
+    """Wait for an inotifywait line (format '%e %w%f') with all of `events` for `path`."""
+    wanted = set(events.split(","))
 
-    def __init__(self, argv: list[str], ready: str | None):
-        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        self.lines: list[str] = []
-        self.lock = threading.Lock()
-        self.ready = threading.Event()
-        self.marker = ready
-        threading.Thread(target=self._read, daemon=True).start()
-        if ready is None:
-            time.sleep(1.0)
-            self.ready.set()
-        assert self.ready.wait(30), f"{argv[0]} did not start: {self.text()}"
-
-    def _read(self):
-        for line in self.proc.stdout:
-            with self.lock:
-                self.lines.append(line.rstrip("\n"))
-            if self.marker and self.marker in line:
-                self.ready.set()
-
-    def text(self) -> str:
-        with self.lock:
-            return "\n".join(self.lines)
-
-    def wait_for(self, predicate, timeout=EVENT_TIMEOUT, what="") -> float:
-        start = time.monotonic()
-        while time.monotonic() - start < timeout:
-            with self.lock:
-                if any(predicate(line) for line in self.lines):
-                    return time.monotonic() - start
-            time.sleep(0.05)
-        raise AssertionError(f"no event {what} within {timeout}s; the watcher saw:\n{self.text()}")
-
-    def has(self, events: str, path: str, timeout=EVENT_TIMEOUT):
-        """An inotifywait line (format '%e %w%f') with all of `events` for `path`."""
-        wanted = set(events.split(","))
-
-        def match(line):
-            parts = line.split(" ", 1)
-            return len(parts) == 2 and parts[1] == path and wanted <= set(parts[0].split(","))
-        return self.wait_for(match, timeout, f"{events} for {path}")
-
-    def stop(self):
-        self.proc.terminate()
-        try:
-            self.proc.wait(5)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+    def match(line):
+        parts = line.split(" ", 1)
+        return len(parts) == 2 and parts[1] == path and wanted <= set(parts[0].split(","))
+    return watcher.wait_for(match, timeout, what=f"{events} for {path}")
 
 
-def inotifywait(*paths, recursive=True) -> Watcher:
+def inotifywait(start, *paths, recursive=True) -> Background:
     need("inotifywait")
     argv = ["inotifywait", "-m", "--format", "%e %w%f"] + (["-r"] if recursive else []) + [str(p) for p in paths]
-    return Watcher(argv, "Watches established")
+    return start(argv, ready="Watches established")
 
 
 def wait_for_path(path: Path, timeout=20, gone=False):
@@ -103,21 +59,13 @@ def wait_for_path(path: Path, timeout=20, gone=False):
     raise AssertionError(f"{path} {'still there' if gone else 'not there'} after {timeout}s")
 
 
-@pytest.fixture
-def watchers():
-    started: list[Watcher] = []
-    yield started
-    for w in started:
-        w.stop()
-
-
 def two_drives(make_device):
     a = make_device("a")
     b = make_device("b")
     return a, b
 
 
-def test_every_kind_of_remote_change_raises_its_inotify_event(make_device, watchers):
+def test_every_kind_of_remote_change_raises_its_inotify_event(make_device, background):
     a, b = two_drives(make_device)
     A, B = a.mountpoint, b.mountpoint
     for d in ("docs", "docs/old", "elsewhere", "elsewhere/folder"):
@@ -127,37 +75,36 @@ def test_every_kind_of_remote_change_raises_its_inotify_event(make_device, watch
     (A / "elsewhere" / "folder" / "inside.txt").write_text("inside")
     wait_for_path(B / "docs" / "delete.txt")
     wait_for_path(B / "elsewhere" / "folder" / "inside.txt")
-    w = inotifywait(B / "docs")
-    watchers.append(w)
+    w = inotifywait(background, B / "docs")
     docs = f"{B}/docs/"
 
     (A / "docs" / "new.txt").write_text("new")
-    w.has("CREATE", docs + "new.txt")
-    w.has("CLOSE_WRITE,CLOSE", docs + "new.txt")
+    has(w, "CREATE", docs + "new.txt")
+    has(w, "CLOSE_WRITE,CLOSE", docs + "new.txt")
     with open(A / "docs" / "edit.txt", "a") as f:
         f.write(" more")
-    w.has("MODIFY", docs + "edit.txt")
-    w.has("CLOSE_WRITE,CLOSE", docs + "edit.txt")
+    has(w, "MODIFY", docs + "edit.txt")
+    has(w, "CLOSE_WRITE,CLOSE", docs + "edit.txt")
     os.chmod(A / "docs" / "attr.txt", 0o600)
-    w.has("ATTRIB", docs + "attr.txt")
+    has(w, "ATTRIB", docs + "attr.txt")
     os.rename(A / "docs" / "rename.txt", A / "docs" / "renamed.txt")
-    w.has("MOVED_FROM", docs + "rename.txt")
-    w.has("MOVED_TO", docs + "renamed.txt")
+    has(w, "MOVED_FROM", docs + "rename.txt")
+    has(w, "MOVED_TO", docs + "renamed.txt")
     os.rename(A / "docs" / "move.txt", A / "docs" / "old" / "moved.txt")
-    w.has("MOVED_FROM", docs + "move.txt")
-    w.has("MOVED_TO", docs + "old/moved.txt")
+    has(w, "MOVED_FROM", docs + "move.txt")
+    has(w, "MOVED_TO", docs + "old/moved.txt")
     os.unlink(A / "docs" / "delete.txt")
-    w.has("DELETE", docs + "delete.txt")
+    has(w, "DELETE", docs + "delete.txt")
     (A / "docs" / "made").mkdir()
-    w.has("CREATE,ISDIR", docs + "made")
+    has(w, "CREATE,ISDIR", docs + "made")
     (A / "docs" / "old").rename(A / "docs" / "older")   # a folder renamed
-    w.has("MOVED_FROM,ISDIR", docs + "old")
-    w.has("MOVED_TO,ISDIR", docs + "older")
+    has(w, "MOVED_FROM,ISDIR", docs + "old")
+    has(w, "MOVED_TO,ISDIR", docs + "older")
     (A / "docs" / "made").rmdir()
-    w.has("DELETE,ISDIR", docs + "made")
+    has(w, "DELETE,ISDIR", docs + "made")
     # A folder moved in from outside the watched tree arrives whole, as a move does here.
     (A / "elsewhere" / "folder").rename(A / "docs" / "folder")
-    w.has("MOVED_TO,ISDIR", docs + "folder")
+    has(w, "MOVED_TO,ISDIR", docs + "folder")
     wait_for_path(B / "docs" / "folder" / "inside.txt")
     # The tree B's watcher was told about is the tree B has.
     assert sorted(os.listdir(B / "docs")) == ["attr.txt", "edit.txt", "folder", "new.txt", "older", "renamed.txt"]
@@ -168,18 +115,17 @@ def test_every_kind_of_remote_change_raises_its_inotify_event(make_device, watch
     assert not any("conflicted copy" in n for n in os.listdir(A / "docs"))
 
 
-def test_events_never_download_placeholders(make_device, watchers):
+def test_events_never_download_placeholders(make_device, background):
     a, b = two_drives(make_device)
     (a.mountpoint / "big.bin").write_bytes(os.urandom(3 << 20))
     (a.mountpoint / "folder").mkdir()
     wait_for_path(b.mountpoint / "folder")
-    w = inotifywait(b.mountpoint)
-    watchers.append(w)
+    w = inotifywait(background, b.mountpoint)
     (a.mountpoint / "folder" / "placeholder.bin").write_bytes(os.urandom(2 << 20))
     with open(a.mountpoint / "big.bin", "r+b") as f:
         f.write(b"changed")
-    w.has("CREATE", f"{b.mountpoint}/folder/placeholder.bin")
-    w.has("CLOSE_WRITE,CLOSE", f"{b.mountpoint}/big.bin")
+    has(w, "CREATE", f"{b.mountpoint}/folder/placeholder.bin")
+    has(w, "CLOSE_WRITE,CLOSE", f"{b.mountpoint}/big.bin")
     assert os.stat(b.mountpoint / "folder" / "placeholder.bin").st_size == 2 << 20
     status = subprocess.run(["getfattr", "-n", "user.ubiquity.status", "--only-values",
                              str(b.mountpoint / "folder" / "placeholder.bin")], capture_output=True, text=True)
@@ -187,14 +133,13 @@ def test_events_never_download_placeholders(make_device, watchers):
         assert "placeholder" in status.stdout or "notDownloaded" in status.stdout or "cloud" in status.stdout, status.stdout
 
 
-def test_gio_monitor_follows_remote_changes(make_device, watchers):
+def test_gio_monitor_follows_remote_changes(make_device, background):
     need("gio")
     a, b = two_drives(make_device)
     (a.mountpoint / "docs").mkdir()
     (a.mountpoint / "docs" / "existing.txt").write_text("x")
     wait_for_path(b.mountpoint / "docs" / "existing.txt")
-    w = Watcher(["gio", "monitor", "-d", str(b.mountpoint / "docs")], None)
-    watchers.append(w)
+    w = background(["gio", "monitor", "-d", str(b.mountpoint / "docs")], settle=1.0)   # it prints nothing when ready
     docs = b.mountpoint / "docs"
     (a.mountpoint / "docs" / "created.txt").write_text("new")
     w.wait_for(lambda l: l.endswith(f"{docs}/created.txt: created"), what="created")
@@ -207,36 +152,34 @@ def test_gio_monitor_follows_remote_changes(make_device, watchers):
     w.wait_for(lambda l: l.endswith(f"{docs}/renamed.txt: deleted"), what="deleted")
 
 
-def test_an_editor_watching_its_file_is_told_before_it_writes(make_device, watchers):
+def test_an_editor_watching_its_file_is_told_before_it_writes(make_device, background):
     a, b = two_drives(make_device)
     (a.mountpoint / "notes.txt").write_text("version 1\n")
     (a.mountpoint / "saved.txt").write_text("version 1\n")
     wait_for_path(b.mountpoint / "notes.txt")
     wait_for_path(b.mountpoint / "saved.txt")
     assert (b.mountpoint / "notes.txt").read_text() == "version 1\n"   # the editor opened it
-    on_file = inotifywait(b.mountpoint / "notes.txt", recursive=False)   # a watch on the file itself
-    on_folder = inotifywait(b.mountpoint, recursive=False)               # an editor that watches the folder
-    watchers += [on_file, on_folder]
+    on_file = inotifywait(background, b.mountpoint / "notes.txt", recursive=False)   # a watch on the file itself
+    on_folder = inotifywait(background, b.mountpoint, recursive=False)               # an editor that watches the folder
     # An edit in place on A: the watch on the file gets IN_MODIFY and IN_CLOSE_WRITE.
     with open(a.mountpoint / "notes.txt", "a") as f:
         f.write("version 2 from A\n")
-    on_file.has("MODIFY", f"{b.mountpoint}/notes.txt")
-    on_file.has("CLOSE_WRITE,CLOSE", f"{b.mountpoint}/notes.txt")
+    has(on_file, "MODIFY", f"{b.mountpoint}/notes.txt")
+    has(on_file, "CLOSE_WRITE,CLOSE", f"{b.mountpoint}/notes.txt")
     # Told before it can save over A's edit: what it reads now is A's text.
     assert (b.mountpoint / "notes.txt").read_text() == "version 1\nversion 2 from A\n"
     # An atomic save on A (write a temporary file, rename it over): IN_MOVED_TO.
     (a.mountpoint / ".saved.txt.tmp").write_text("version 2 saved atomically\n")
     os.rename(a.mountpoint / ".saved.txt.tmp", a.mountpoint / "saved.txt")
-    on_folder.has("MOVED_TO", f"{b.mountpoint}/saved.txt")
+    has(on_folder, "MOVED_TO", f"{b.mountpoint}/saved.txt")
     assert (b.mountpoint / "saved.txt").read_text() == "version 2 saved atomically\n"
 
 
-def test_a_conflicted_copy_appears_with_in_create(make_device, watchers):
+def test_a_conflicted_copy_appears_with_in_create(make_device, background):
     a, b = two_drives(make_device)
     (a.mountpoint / "shared.txt").write_text("base\n")
     wait_for_path(b.mountpoint / "shared.txt")
-    w = inotifywait(b.mountpoint)
-    watchers.append(w)
+    w = inotifywait(background, b.mountpoint)
     # B writes and keeps the file open (not pushed until closed); A's edit arrives meanwhile.
     with open(b.mountpoint / "shared.txt", "r+") as held:
         held.write("B's edit\n")
@@ -249,7 +192,7 @@ def test_a_conflicted_copy_appears_with_in_create(make_device, watchers):
     assert any("conflicted copy" in n for n in names), names
 
 
-def test_container_and_data_scope_mounts_get_events(store, make_device, watchers):
+def test_container_and_data_scope_mounts_get_events(store, make_device, background):
     created = subprocess.run([str(BIN), "container", "create", CONTAINER, "--name", "Events", *store_args(store)],
                              capture_output=True, text=True)
     assert created.returncode == 0, created.stderr
@@ -263,27 +206,25 @@ def test_container_and_data_scope_mounts_get_events(store, make_device, watchers
     data.mount_args = ("--scope", "data", "--device-name", "b-data")
     data.mount()
     wait_for_path(a.mountpoint / "Documents")   # made by the Documents mount, with its well-known ID
-    on_docs = inotifywait(docs.mountpoint)
-    on_data = inotifywait(data.mountpoint)
-    watchers += [on_docs, on_data]
+    on_docs = inotifywait(background, docs.mountpoint)
+    on_data = inotifywait(background, data.mountpoint)
     (a.mountpoint / "Documents" / "report.md").write_text("doc")
     (a.mountpoint / "app.db").write_text("data")
-    on_docs.has("CREATE", f"{docs.mountpoint}/report.md")
-    on_data.has("CREATE", f"{data.mountpoint}/app.db")
+    has(on_docs, "CREATE", f"{docs.mountpoint}/report.md")
+    has(on_data, "CREATE", f"{data.mountpoint}/app.db")
     os.rename(a.mountpoint / "Documents" / "report.md", a.mountpoint / "Documents" / "final.md")
-    on_docs.has("MOVED_TO", f"{docs.mountpoint}/final.md")
+    has(on_docs, "MOVED_TO", f"{docs.mountpoint}/final.md")
     os.unlink(a.mountpoint / "app.db")
-    on_data.has("DELETE", f"{data.mountpoint}/app.db")
+    has(on_data, "DELETE", f"{data.mountpoint}/app.db")
     # The Documents folder is not in the Data scope: nothing about it there.
     assert "Documents" not in on_data.text()
 
 
-def test_a_burst_of_10000_files_arrives_with_its_events(make_device, watchers):
+def test_a_burst_of_10000_files_arrives_with_its_events(make_device, background):
     a, b = two_drives(make_device)
     (a.mountpoint / "burst").mkdir()
     wait_for_path(b.mountpoint / "burst")
-    w = inotifywait(b.mountpoint / "burst")
-    watchers.append(w)
+    w = inotifywait(background, b.mountpoint / "burst")
     count = 10_000
     for i in range(count):
         (a.mountpoint / "burst" / f"f{i:05d}").write_bytes(b"x")
@@ -298,9 +239,9 @@ def test_a_burst_of_10000_files_arrives_with_its_events(make_device, watchers):
     folder = f"{b.mountpoint}/burst/"
 
     def complete():
-        with w.lock:
-            created = {l.split(" ", 1)[1] for l in w.lines if l.startswith("CREATE ")}
-            overflow = any(l.startswith("ATTRIB,ISDIR ") for l in w.lines)
+        lines = w.lines
+        created = {l.split(" ", 1)[1] for l in lines if l.startswith("CREATE ")}
+        overflow = any(l.startswith("ATTRIB,ISDIR ") for l in lines)
         return len(created) == count or overflow
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and not complete():
@@ -309,7 +250,7 @@ def test_a_burst_of_10000_files_arrives_with_its_events(make_device, watchers):
     assert all(l.split(" ", 1)[1].startswith(folder) for l in w.lines if l.startswith("CREATE "))
 
 
-def test_a_burst_beyond_the_queue_limit_tells_each_folder_to_look_again(make_device, watchers):
+def test_a_burst_beyond_the_queue_limit_tells_each_folder_to_look_again(make_device, background):
     """Above the queue's limit the per-item events are dropped and each folder
     gets one IN_ATTRIB on itself (here the limit is lowered to 50 steps)."""
     a = make_device("a")
@@ -319,8 +260,7 @@ def test_a_burst_beyond_the_queue_limit_tells_each_folder_to_look_again(make_dev
     for folder in ("one", "two"):
         (a.mountpoint / folder).mkdir()
     wait_for_path(b.mountpoint / "two")
-    w = inotifywait(b.mountpoint)
-    watchers.append(w)
+    w = inotifywait(background, b.mountpoint)
     os.kill(b.pid, signal.SIGSTOP)   # B pulls everything in one go when it resumes
     try:
         for i in range(200):
@@ -331,7 +271,7 @@ def test_a_burst_beyond_the_queue_limit_tells_each_folder_to_look_again(make_dev
     finally:
         os.kill(b.pid, signal.SIGCONT)
     for folder in ("one", "two"):
-        w.has("ATTRIB,ISDIR", f"{b.mountpoint}/{folder}")
+        has(w, "ATTRIB,ISDIR", f"{b.mountpoint}/{folder}")
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline and len(os.listdir(b.mountpoint / "one")) + len(os.listdir(b.mountpoint / "two")) < 200:
         time.sleep(0.2)
@@ -340,21 +280,20 @@ def test_a_burst_beyond_the_queue_limit_tells_each_folder_to_look_again(make_dev
     assert len(creates) < 200, "the queue did not overflow"
 
 
-def test_container_folders_coming_and_going_in_the_drive_raise_events(store, make_device, watchers):
+def test_container_folders_coming_and_going_in_the_drive_raise_events(store, make_device, background):
     drive = make_device("drive")
     root = drive.mountpoint
-    w = inotifywait(root, recursive=False)
-    watchers.append(w)
+    w = inotifywait(background, root, recursive=False)
 
     def container(*args):
         res = subprocess.run([str(BIN), "container", *args, *store_args(store)], capture_output=True, text=True)
         assert res.returncode == 0, res.stderr
 
     container("create", "com.example.notes", "--name", "Notes", "--public")
-    w.has("CREATE,ISDIR", f"{root}/Notes", timeout=30)
+    has(w, "CREATE,ISDIR", f"{root}/Notes", timeout=30)
     container("set", "com.example.notes", "--name", "Journal")
-    w.has("MOVED_FROM,ISDIR", f"{root}/Notes", timeout=30)
-    w.has("MOVED_TO,ISDIR", f"{root}/Journal", timeout=30)
+    has(w, "MOVED_FROM,ISDIR", f"{root}/Notes", timeout=30)
+    has(w, "MOVED_TO,ISDIR", f"{root}/Journal", timeout=30)
     container("set", "com.example.notes", "--public", "false")
-    w.has("DELETE,ISDIR", f"{root}/Journal", timeout=30)
+    has(w, "DELETE,ISDIR", f"{root}/Journal", timeout=30)
     assert "Journal" not in os.listdir(root)

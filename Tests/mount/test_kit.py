@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import threading
 import time
 from pathlib import Path
 
@@ -31,50 +30,6 @@ def example(name: str) -> Path:
     return path
 
 
-class Program:
-    """An example program in the background, its output lines collected with their arrival time."""
-
-    def __init__(self, argv, env):
-        self.proc = subprocess.Popen([str(a) for a in argv], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     text=True)
-        self.lines: list[tuple[float, str]] = []
-        self.lock = threading.Lock()
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self):
-        for line in self.proc.stdout:
-            with self.lock:
-                self.lines.append((time.monotonic(), line.rstrip("\n")))
-
-    def wait_for(self, predicate, timeout=15, after=0.0, what=""):
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            with self.lock:
-                for t, line in self.lines:
-                    if t >= after and predicate(line):
-                        return t, line
-            time.sleep(0.02)
-        with self.lock:
-            text = "\n".join(l for _, l in self.lines)
-        raise AssertionError(f"no line {what} within {timeout}s; the program printed:\n{text}")
-
-    def stop(self):
-        self.proc.terminate()
-        try:
-            self.proc.wait(5)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-
-
-@pytest.fixture
-def programs():
-    started: list[Program] = []
-    yield started
-    for p in started:
-        p.stop()
-
-
 def two_container_mounts(store, make_device):
     res = subprocess.run([str(BIN), "container", "create", CONTAINER, "--name", "Kit", *store_args(store)],
                          capture_output=True, text=True)
@@ -93,15 +48,14 @@ def two_container_mounts(store, make_device):
     return a, b
 
 
-def test_a_query_on_b_follows_saves_edits_and_deletions_on_a(store, make_device, programs):
+def test_a_query_on_b_follows_saves_edits_and_deletions_on_a(store, make_device, background):
     a, b = two_container_mounts(store, make_device)
     (a.mountpoint / "Documents" / "first.txt").write_text("one")
     (a.mountpoint / "Documents" / "notes.md").write_text("not a text document")
     while not (b.mountpoint / "Documents" / "first.txt").exists():
         time.sleep(0.05)
     # The tutorial's query: text documents of the Documents scope.
-    listing = Program([example("ubiquitykit-document-list"), CONTAINER, "txt"], b.env())
-    programs.append(listing)
+    listing = background([example("ubiquitykit-document-list"), CONTAINER, "txt"], b.env())
     listing.wait_for(lambda l: l == "documents=[first.txt]", what="the gathered list")
 
     start = time.monotonic()
@@ -121,29 +75,26 @@ def test_a_query_on_b_follows_saves_edits_and_deletions_on_a(store, make_device,
     os.unlink(a.mountpoint / "Documents" / "first.txt")
     listing.wait_for(lambda l: l == "update added=[] changed=[] removed=[first.txt]", after=start, what="first.txt removed")
     listing.wait_for(lambda l: l == "documents=[renamed.txt]", after=start, what="the list after the removal")
-    with listing.lock:
-        assert not any("notes.md" in l for _, l in listing.lines), "the predicate let a .md file through"
+    assert not any("notes.md" in l for l in listing.lines), "the predicate let a .md file through"
 
 
-def test_the_guides_async_stream_lists_the_documents_scope(store, make_device, programs):
+def test_the_guides_async_stream_lists_the_documents_scope(store, make_device, background):
     a, b = two_container_mounts(store, make_device)
     (a.mountpoint / "Documents" / "hello.txt").write_text("hello world")
     (a.mountpoint / "Documents" / "folder").mkdir()
     (a.mountpoint / "data.db").write_text("the Data scope")
     while not (b.mountpoint / "Documents" / "folder").exists():
         time.sleep(0.05)
-    query = Program([example("ubiquitykit-item-query"), CONTAINER], b.env())
-    programs.append(query)
+    query = background([example("ubiquitykit-item-query"), CONTAINER], b.env())
     query.wait_for(lambda l: l == "--- 2 items", what="the first list")
     query.wait_for(lambda l: l.startswith("hello.txt false 11"), what="hello.txt with its size")
     query.wait_for(lambda l: l.startswith("folder true"), what="the folder")
     (a.mountpoint / "Documents" / "new.txt").write_text("new")
     query.wait_for(lambda l: l == "--- 3 items", what="the list after A's save")
-    with query.lock:
-        assert not any("data.db" in l for _, l in query.lines), "a Data-scope item in a Documents-scope query"
+    assert not any("data.db" in l for l in query.lines), "a Data-scope item in a Documents-scope query"
 
 
-def test_a_container_is_mounted_on_demand(tmp_path, programs):
+def test_a_container_is_mounted_on_demand(tmp_path, background):
     """`url(forUbiquityContainerIdentifier:)` on a device with no mount of the
     container mounts it, on the device's default store, at
     $XDG_DATA_HOME/ubiquityfs/containers/ID."""
@@ -155,8 +106,7 @@ def test_a_container_is_mounted_on_demand(tmp_path, programs):
                          capture_output=True, text=True, env=env)
     assert res.returncode == 0, res.stderr
     mountpoint = data / "ubiquityfs" / "containers" / CONTAINER
-    query = Program([example("ubiquitykit-item-query"), CONTAINER], env)
-    programs.append(query)
+    query = background([example("ubiquitykit-item-query"), CONTAINER], env)
     try:
         query.wait_for(lambda l: l == "--- 0 items", timeout=30, what="the (empty) list of a new container")
         assert os.path.ismount(mountpoint), f"{mountpoint} is not mounted"
@@ -168,12 +118,11 @@ def test_a_container_is_mounted_on_demand(tmp_path, programs):
     assert not os.path.ismount(mountpoint)
 
 
-def test_the_books_monitor_watches_the_data_scope_and_stops(store, make_device, programs):
+def test_the_books_monitor_watches_the_data_scope_and_stops(store, make_device, background):
     """Listing 18-1: monitoring the Data scope (the container outside Documents)
     reports Data files only; after stopMonitoring nothing more is reported."""
     a, b = two_container_mounts(store, make_device)
-    monitor = Program([example("ubiquitykit-folder-monitor"), CONTAINER, "data", "6"], b.env())
-    programs.append(monitor)
+    monitor = background([example("ubiquitykit-folder-monitor"), CONTAINER, "data", "6"], b.env())
     time.sleep(2)   # gathering
     start = time.monotonic()
     (a.mountpoint / "state.json").write_text("{}")
@@ -185,57 +134,49 @@ def test_the_books_monitor_watches_the_data_scope_and_stops(store, make_device, 
     stopped = time.monotonic()
     (a.mountpoint / "later.json").write_text("{}")
     time.sleep(3)
-    with monitor.lock:
-        assert not any(t > stopped and "later.json" in l for t, l in monitor.lines), "an update after stopMonitoring"
+    assert not any(t > stopped and "later.json" in l for t, l in monitor.timed), "an update after stopMonitoring"
 
 
-def test_coordinated_access_across_processes(store, make_device, programs):
+def test_coordinated_access_across_processes(store, make_device, background):
     """A coordinated writer in one process holds off a coordinated reader in
-    another (and a reader holds off a writer); uncoordinated programs are not held."""
+    another (and a reader holds off a writer); uncoordinated background are not held."""
     a, _ = two_container_mounts(store, make_device)
     path = a.mountpoint / "Documents" / "shared.txt"
     path.write_text("v1")
     handler = example("ubiquitykit-documents-handler")
-    writer = Program([handler, "write", path, "v2", "2"], a.env())
-    programs.append(writer)
+    writer = background([handler, "write", path, "v2", "2"], a.env())
     t_writing, _ = writer.wait_for(lambda l: l.startswith("writing "), what="the writer's grant")
     assert path.read_text() == "v1"   # cat is not coordinated: it reads at once
-    reader = Program([handler, "read", path], a.env())
-    programs.append(reader)
+    reader = background([handler, "read", path], a.env())
     _, wrote = writer.wait_for(lambda l: l.startswith("wrote "), what="the write")
     _, read = reader.wait_for(lambda l: l.startswith("read "), what="the read")
     assert float(read.split()[1]) >= float(wrote.split()[1]), (wrote, read)
     assert read.split(" ", 2)[2] == "v2", read
 
     # The other way: a held read (a reader's process holding it: a write with HOLD is the writer).
-    holder = Program([handler, "write", path, "v3", "2"], a.env())
-    programs.append(holder)
+    holder = background([handler, "write", path, "v3", "2"], a.env())
     holder.wait_for(lambda l: l.startswith("writing "), what="the second writer's grant")
-    second = Program([handler, "write", path, "v4"], a.env())
-    programs.append(second)
+    second = background([handler, "write", path, "v4"], a.env())
     _, first_done = holder.wait_for(lambda l: l.startswith("wrote "), what="the first write")
     _, second_done = second.wait_for(lambda l: l.startswith("wrote "), what="the second write")
     assert float(second_done.split()[1]) >= float(first_done.split()[1])
     assert path.read_text() == "v4"
 
     # A process that dies holding an item lets go of it.
-    dying = Program([handler, "write", path, "v5", "30"], a.env())
-    programs.append(dying)
+    dying = background([handler, "write", path, "v5", "30"], a.env())
     dying.wait_for(lambda l: l.startswith("writing "), what="the grant before the kill")
     dying.proc.kill()
-    after = Program([handler, "read", path], a.env())
-    programs.append(after)
+    after = background([handler, "read", path], a.env())
     after.wait_for(lambda l: l.startswith("read "), timeout=10, what="a read after the holder died")
 
 
-def test_a_presenter_is_told_of_another_devices_edit(store, make_device, programs):
+def test_a_presenter_is_told_of_another_devices_edit(store, make_device, background):
     a, b = two_container_mounts(store, make_device)
     (a.mountpoint / "Documents" / "watched.txt").write_text("first")
     while not (b.mountpoint / "Documents" / "watched.txt").exists():
         time.sleep(0.05)
-    monitor = Program([example("ubiquitykit-documents-handler"), "monitor", b.mountpoint / "Documents" / "watched.txt", "20"],
+    monitor = background([example("ubiquitykit-documents-handler"), "monitor", b.mountpoint / "Documents" / "watched.txt", "20"],
                       b.env())
-    programs.append(monitor)
     monitor.wait_for(lambda l: l == "monitoring", what="the presenter's start")
     start = time.monotonic()
     with open(a.mountpoint / "Documents" / "watched.txt", "a") as f:
@@ -247,13 +188,12 @@ def test_a_presenter_is_told_of_another_devices_edit(store, make_device, program
     monitor.wait_for(lambda l: l == "file moved to renamed.txt", after=start, what="presentedItemDidMove")
 
 
-def test_the_uidocument_sample_creates_opens_reloads_and_flags_conflicts(store, make_device, programs):
+def test_the_uidocument_sample_creates_opens_reloads_and_flags_conflicts(store, make_device, background):
     a, b = two_container_mounts(store, make_device)
     editor = example("ubiquitykit-document-editor")
     saved_a = a.mountpoint / "Documents" / "savefile.txt"
     # First run on B: no savefile.txt yet, so the post's flow creates it (UIDocument .forCreating).
-    first = Program([editor, CONTAINER], b.env())
-    programs.append(first)
+    first = background([editor, CONTAINER], b.env())
     first.wait_for(lambda l: l == "iCloud create OK", what="the document created")
     first.wait_for(lambda l: l == "closed", what="the document closed")
     deadline = time.monotonic() + 15
@@ -262,8 +202,7 @@ def test_the_uidocument_sample_creates_opens_reloads_and_flags_conflicts(store, 
         time.sleep(0.1)
 
     # Open it on B and follow it: an unmodified document reloads A's edit.
-    watcher = Program([editor, CONTAINER, "--watch", "30"], b.env())
-    programs.append(watcher)
+    watcher = background([editor, CONTAINER, "--watch", "30"], b.env())
     watcher.wait_for(lambda l: l == "iCloud file open OK", what="the document opened")
     watcher.wait_for(lambda l: l == "text: Some Sample Text", what="its text")
     start = time.monotonic()
@@ -272,8 +211,7 @@ def test_the_uidocument_sample_creates_opens_reloads_and_flags_conflicts(store, 
     watcher.stop()
 
     # A document with unsaved changes is in conflict when A's edit arrives; closing saves it, and both versions stay.
-    editing = Program([editor, CONTAINER, "--set", "Edited on B", "--watch", "8"], b.env())
-    programs.append(editing)
+    editing = background([editor, CONTAINER, "--set", "Edited on B", "--watch", "8"], b.env())
     editing.wait_for(lambda l: l == "edited", what="B's unsaved edit")
     start = time.monotonic()
     saved_a.write_text("Edited on A again")
