@@ -193,6 +193,8 @@ package final class Daemon: @unchecked Sendable {
         }
         server.start()
         startDriveRefresher()
+        // Started by systemd (`Type=notify`, `ubiquityfs mount --foreground`): ready now.
+        if settings.notifyFD == nil { SystemdNotify.ready(status: "serving \(first.mountpoint) from \(storePath)") }
         if let fd = settings.notifyFD {
             Self.notify(fd, "ready pid \(getpid())\(created.isEmpty ? "" : " created " + created.joined(separator: ",")) log \(logPath)")
             let devNull = open("/dev/null", O_RDWR)
