@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
 # Install the Debian packages UbiquityFS needs, by purpose:
-#   bash Packaging/install-deps.sh [runtime] [build] [test] [s3]   (no argument: all four)
-# runtime: what the daemon needs to run; build: to compile it; test: the tools
-# the tests drive on the mount (and bindfs for benchmarks); s3: the Ceph RGW
-# test server. Idempotent; run as root (or with sudo).
+#   bash Packaging/install-deps.sh [runtime] [build] [package] [test] [s3]   (no argument: all five)
+# runtime: what the daemon needs to run; build: to compile it; package: to build
+# and check the Debian packages (Packaging/deb/build.sh, Tests/packaging); test:
+# the tools the tests drive on the mount (and bindfs for benchmarks); s3: the
+# Ceph RGW test server. Idempotent; run as root (or with sudo).
 set -euo pipefail
 declare -A groups=(
   [runtime]="fuse3 shared-mime-info"
   [build]="libfuse3-dev libsqlite3-dev pkg-config"
+  # dpkg-deb, dpkg-shlibdeps, readelf and strip, lintian; man -w, bash completion
+  # and systemd-analyze verify for Tests/packaging
+  [package]="dpkg-dev binutils lintian man-db bash-completion systemd"
   # real tools on the mount, watchers of remote changes, the file manager's extension
   # under a headless desktop, and the peer for benchmarks
   [test]="vim git sqlite3 rsync tar attr bindfs rclone fio python3 inotify-tools libglib2.0-bin
@@ -18,10 +22,10 @@ declare -A groups=(
   [s3]="ceph-mon ceph-osd radosgw ceph-common ceph-base"
 )
 wanted=("$@")
-[ ${#wanted[@]} -gt 0 ] || wanted=(runtime build test s3)
+[ ${#wanted[@]} -gt 0 ] || wanted=(runtime build package test s3)
 packages=()
 for group in "${wanted[@]}"; do
-  [ -n "${groups[$group]+x}" ] || { echo "install-deps: unknown group '$group' (runtime, build, test, s3)" >&2; exit 2; }
+  [ -n "${groups[$group]+x}" ] || { echo "install-deps: unknown group '$group' (runtime, build, package, test, s3)" >&2; exit 2; }
   read -r -a list <<< "$(echo ${groups[$group]})"
   packages+=("${list[@]}")
 done
