@@ -2,20 +2,21 @@
 # Install the Debian packages UbiquityFS needs, by purpose:
 #   bash Packaging/install-deps.sh [runtime] [build] [package] [test] [s3]   (no argument: all five)
 # runtime: what the daemon needs to run; build: to compile it; package: to build
-# and check the Debian packages (Packaging/deb/build.sh, Tests/packaging); test:
-# the tools the tests drive on the mount (and bindfs for benchmarks); s3: the
-# Ceph RGW test server. Idempotent; run as root (or with sudo).
+# the Debian packages (Packaging/deb/build.sh); test: the tools the tests drive
+# on the mount (and bindfs for benchmarks) and those that check the packages;
+# s3: the Ceph RGW test server. Idempotent; run as root (or with sudo).
 set -euo pipefail
 declare -A groups=(
   [runtime]="fuse3 shared-mime-info"
   [build]="libfuse3-dev libsqlite3-dev pkg-config"
-  # dpkg-deb, dpkg-shlibdeps, readelf and strip, lintian; man -w, bash completion
-  # and systemd-analyze verify for Tests/packaging
-  [package]="dpkg-dev binutils lintian man-db bash-completion systemd"
+  # dpkg-deb, dpkg-shlibdeps, readelf and strip
+  [package]="dpkg-dev binutils"
   # real tools on the mount, watchers of remote changes, the file manager's extension
-  # under a headless desktop, and the peer for benchmarks
+  # under a headless desktop, the peer for benchmarks; and what checks the packages
+  # (Tests/packaging: lintian, man -w, bash completion, systemd-analyze verify)
   [test]="vim git sqlite3 rsync tar attr bindfs rclone fio python3 inotify-tools libglib2.0-bin
-          xvfb xauth dbus dbus-x11 python3-gi python3-nautilus gir1.2-nautilus-4.0 nautilus"
+          xvfb xauth dbus dbus-x11 python3-gi python3-nautilus gir1.2-nautilus-4.0 nautilus
+          lintian man-db bash-completion systemd"
   # Tests/servers/s3servers.py runs a throwaway one-node Ceph (monitor, OSD on memstore,
   # RADOS Gateway) on loopback; keep in sync with CEPH_PACKAGES there. SeaweedFS comes
   # from PyPI (Tests/requirements.txt).
