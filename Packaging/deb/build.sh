@@ -79,6 +79,7 @@ install -m 0755 "$bin" "$root/usr/bin/ubiquityfs"
 strip --strip-unneeded --remove-section=.comment --remove-section=.note "$root/usr/bin/ubiquityfs"
 install -m 0755 "$here/mount/mount.fuse.ubiquityfs" "$here/mount/umount.fuse.ubiquityfs" "$root/usr/sbin/"
 ln -s mount.fuse.ubiquityfs "$root/usr/sbin/mount.ubiquityfs"
+ln -s umount.fuse.ubiquityfs "$root/usr/sbin/umount.ubiquityfs"
 install -m 0644 "$here/systemd/ubiquityfs.service" "$root/usr/lib/systemd/user/"
 
 # Man pages: the command and each subcommand, named as Debian does (ubiquityfs-mount(1),
@@ -98,6 +99,7 @@ done
 for page in "$here"/mount/*.8; do gzip -9n < "$page" > "$root/usr/share/man/man8/$(basename "$page").gz"; done
 ln -s mount.fuse.ubiquityfs.8.gz "$root/usr/share/man/man8/mount.ubiquityfs.8.gz"
 ln -s mount.fuse.ubiquityfs.8.gz "$root/usr/share/man/man8/umount.fuse.ubiquityfs.8.gz"
+ln -s mount.fuse.ubiquityfs.8.gz "$root/usr/share/man/man8/umount.ubiquityfs.8.gz"
 
 # Completions in the shells' vendor folders.
 "$bin" --generate-completion-script bash | sed '1{/^#!/d}' > "$root/usr/share/bash-completion/completions/ubiquityfs"

@@ -22,7 +22,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 PACKAGING = REPO / "Packaging"
-HELPERS = ["mount.fuse.ubiquityfs", "umount.fuse.ubiquityfs"]
+HELPERS = ["mount.fuse.ubiquityfs", "umount.fuse.ubiquityfs", "umount.ubiquityfs"]
 
 
 def need_root_and_fuse():
@@ -118,7 +118,7 @@ def helpers_installed():
     made = []
     for name in HELPERS:
         target = Path("/usr/sbin") / name
-        source = PACKAGING / "mount" / name
+        source = PACKAGING / "mount" / (name if name != "umount.ubiquityfs" else "umount.fuse.ubiquityfs")
         if target.exists():
             if not filecmp.cmp(source, target, shallow=False):
                 pytest.skip(f"{target} is another version than {source} (an installed package?); not replacing it")

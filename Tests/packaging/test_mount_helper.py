@@ -187,7 +187,34 @@ def test_fstab_setuid_line_mounts_as_the_user(binary, base, helpers_installed, t
         cleanup_mount(cloud)
 
 
-def test_umount_helper_refuses_what_is_not_fuse(base):
+def test_umount_helper_passes_other_filesystems_on(base):
+    """A stale uhelper=ubiquityfs in utab for a path where something else is mounted now (or nothing):
+    the helper leaves it to a plain umount."""
     need_root_and_fuse()
     p = subprocess.run(["sh", str(UMOUNT_HELPER), str(base)], capture_output=True, text=True)
-    assert p.returncode != 0 and "is not a FUSE mount" in p.stderr
+    assert p.returncode != 0 and "not mounted" in p.stderr, p.stderr
+    tmpfs = base / "tmpfs"
+    tmpfs.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "pkg-test", str(tmpfs)], check=True)
+    try:
+        p = subprocess.run(["sh", str(UMOUNT_HELPER), str(tmpfs)], capture_output=True, text=True)
+        assert p.returncode == 0, p.stderr
+        assert mount_type(tmpfs) is None
+    finally:
+        if mount_type(tmpfs):
+            subprocess.run(["umount", str(tmpfs)])
+
+
+def test_umount_runs_the_helper_without_userspace_options(binary, base, helpers_installed):
+    """No option that mount(8) keeps in utab: the helper's own uhelper=ubiquityfs makes umount wait for the pushes."""
+    env = user_env(base / "home", binary)
+    mnt = base / "mnt"
+    mnt.mkdir()
+    try:
+        assert subprocess.run(["mount", "-t", "fuse.ubiquityfs", "default", str(mnt)], env=env, timeout=120).returncode == 0
+        (mnt / "f.txt").write_text("x")
+        p = subprocess.run(["umount", str(mnt)], capture_output=True, text=True, env=env, timeout=120)
+        assert p.returncode == 0, p.stderr
+        assert "every change is in the store" in p.stdout
+    finally:
+        cleanup_mount(mnt)
