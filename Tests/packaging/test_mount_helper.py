@@ -153,8 +153,8 @@ def test_lazy_umount_detaches(binary, base, helpers_installed):
 
 
 def test_fstab_setuid_line_mounts_as_the_user(binary, base, helpers_installed, test_user):
-    """A root-run fstab line with setuid=USER: the daemon, the mount and its files are the user's; root's
-    `umount` unmounts as the user, after the pushes; `mount` again is a no-op."""
+    """A root-run fstab line with setuid=USER: the daemon, the mount and its files are the user's; the user's
+    `umount`, and root's, unmount as the user after the pushes; `mount` again is a no-op."""
     home = Path(test_user.pw_dir)
     cloud = home / "Cloud"
     cloud.mkdir()
@@ -179,6 +179,16 @@ def test_fstab_setuid_line_mounts_as_the_user(binary, base, helpers_installed, t
         assert json.loads((home / ".local/share/ubiquityfs/device.json").read_text())["name"] == "pkg-laptop"
         again = subprocess.run(["mount", "-T", str(fstab), str(cloud)], capture_output=True, text=True, env=env, timeout=60)
         assert again.returncode == 0 and "already" in again.stderr, again.stderr
+        # The user unmounts it with umount(8) (uhelper=ubiquityfs in utab lets an ordinary user run the helper).
+        p = subprocess.run(["runuser", "-u", test_user.pw_name, "--", "env", f"PATH={os.environ['PATH']}",
+                            f"UBIQUITYFS={binary}", f"HOME={home}", "umount", str(cloud)],
+                           capture_output=True, text=True, timeout=120)
+        assert p.returncode == 0, p.stderr
+        assert "every change is in the store" in p.stdout
+        assert mount_type(cloud) is None
+        # Mounted again by root's fstab line, root's umount unmounts it as the user.
+        p = subprocess.run(["mount", "-T", str(fstab), str(cloud)], capture_output=True, text=True, env=env, timeout=120)
+        assert p.returncode == 0, p.stderr
         p = subprocess.run(["umount", str(cloud)], capture_output=True, text=True, env=env, timeout=120)
         assert p.returncode == 0, p.stderr
         assert "every change is in the store" in p.stdout
