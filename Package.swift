@@ -96,6 +96,8 @@ let package = Package(
                           swiftSettings: [.swiftLanguageMode(.v5)]),
         .executableTarget(name: "ubiquitykit-document-editor", dependencies: ["UbiquityKit"], path: "Examples/DocumentEditor",
                           swiftSettings: [.swiftLanguageMode(.v5)]),
+        // A small real app using all of it, in Swift 6 mode (strict concurrency).
+        .executableTarget(name: "ubiquitykit-notes", dependencies: ["UbiquityKit"], path: "Examples/Notes", swiftSettings: swiftSettings),
         .testTarget(name: "UbiquityKitTests", dependencies: ["UbiquityKit"], swiftSettings: swiftSettings),
         .testTarget(
             name: "UbiquityControlTests",

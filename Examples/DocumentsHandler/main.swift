@@ -4,12 +4,13 @@
 // is the program's own.
 //
 //   ubiquitykit-documents-handler write PATH TEXT [HOLD-SECONDS]
-//   ubiquitykit-documents-handler read PATH
+//   ubiquitykit-documents-handler read PATH [HOLD-SECONDS]
 //   ubiquitykit-documents-handler monitor PATH SECONDS
 //
 // write: a coordinated write (HOLD: the accessor keeps the item that long,
-// to show others waiting); read: a coordinated read, printing the text;
-// monitor: a file presenter, printing "file changed" and the like.
+// to show others waiting); read: a coordinated read, printing the text
+// (HOLD: twice, that long apart); monitor: a file presenter, printing
+// "file changed", "relinquish to writer" and the like.
 import UbiquityKit
 
 actor CloudDocumentsHandler {
@@ -96,18 +97,32 @@ class FilePresenter: NSObject, NSFilePresenter {
         // For example, reload a file or notify other components
         print("file changed")
     }
-    // (Not in the seed: the other events, printed for the tests.)
+    // (Not in the seed: the other events, printed for the tests. STUBBORN=1:
+    // never gives the item up, to show that a writer goes ahead after a timeout.)
     func presentedItemDidMove(to newURL: URL) { print("file moved to \(newURL.lastPathComponent)") }
     func accommodatePresentedItemDeletion(completionHandler: @escaping (Error?) -> Void) {
-        print("file deleted")
+        print("file deleted \(Date().timeIntervalSince1970)")
         completionHandler(nil)
+    }
+    func savePresentedItemChanges(completionHandler: @escaping (Error?) -> Void) {
+        print("save \(Date().timeIntervalSince1970)")
+        completionHandler(nil)
+    }
+    func relinquishPresentedItem(toWriter writer: @escaping ((() -> Void)?) -> Void) {
+        print("relinquish to writer \(Date().timeIntervalSince1970)")
+        if ProcessInfo.processInfo.environment["STUBBORN"] == "1" { return }
+        writer { print("reacquired \(Date().timeIntervalSince1970)") }
+    }
+    func relinquishPresentedItem(toReader reader: @escaping ((() -> Void)?) -> Void) {
+        print("relinquish to reader \(Date().timeIntervalSince1970)")
+        reader { print("reacquired from reader \(Date().timeIntervalSince1970)") }
     }
 }
 
 setvbuf(stdout, nil, _IOLBF, 0)
 let arguments = CommandLine.arguments
 guard arguments.count >= 3 else {
-    print("usage: ubiquitykit-documents-handler write PATH TEXT [HOLD] | read PATH | monitor PATH SECONDS")
+    print("usage: ubiquitykit-documents-handler write PATH TEXT [HOLD] | read PATH [HOLD] | monitor PATH SECONDS")
     exit(64)
 }
 let url = URL(fileURLWithPath: arguments[2])
@@ -128,6 +143,15 @@ Task {
         case "write":
             try await handler.write(targetURL: url, data: Data(arguments[3].utf8))
             print("wrote \(Date().timeIntervalSince1970)")
+        case "read" where arguments.count > 3:
+            // Hold the item while reading it twice: a coordinated reader sees one version.
+            var error: NSError?
+            NSFileCoordinator().coordinate(readingItemAt: url, options: [], error: &error) { url in
+                print("reading \(Date().timeIntervalSince1970) \((try? String(contentsOf: url, encoding: .utf8)) ?? "?")")
+                Thread.sleep(forTimeInterval: Double(arguments[3]) ?? 0)
+                print("read again \(Date().timeIntervalSince1970) \((try? String(contentsOf: url, encoding: .utf8)) ?? "?")")
+            }
+            if let error { throw error }
         case "read":
             let data = try await handler.read(url: url)
             print("read \(Date().timeIntervalSince1970) \(String(decoding: data, as: UTF8.self))")

@@ -1,4 +1,5 @@
 import Foundation
+import Logging
 import Synchronization
 import UbiquityFS
 import UbiquityFUSE
@@ -37,11 +38,41 @@ final class ContainerHost: @unchecked Sendable, ReplicaObserver {
     /// The Documents folder's node ID, the same on every device (see `wellKnownDirectory`).
     static let documentsID: NodeID = "documents"
 
-    init(id: String, replica: Replica, engine: SyncEngine) {
+    /// The device's coordinator: a pull writes as a coordinated writer.
+    let coordinator: Coordinator
+    let logger: Logger
+
+    init(id: String, replica: Replica, engine: SyncEngine, coordinator: Coordinator, logger: Logger) {
         self.id = id
         self.replica = replica
         self.engine = engine
+        self.coordinator = coordinator
+        self.logger = logger
         base = FileSystem(replica: replica, hooks: engine)
+    }
+
+    /// Longest a pull waits for coordinated readers and writers of what it changes.
+    static let pullWaitLimit = 30.0
+
+    /// A pull changes items as a coordinated writer: their presenters in
+    /// every process are asked to let go, then it waits for coordinated
+    /// accesses to them to end (at most `pullWaitLimit`: a client holding an
+    /// item longer does not stop this device's sync; logged).
+    func pullWillChange(_ paths: () -> [String]) -> (@Sendable () -> Void)? {
+        guard !coordinator.isIdle(container: id) else { return nil }
+        let keys = paths().map { $0 == "/" ? id : id + $0 }
+        guard !keys.isEmpty else { return nil }
+        let coordinator = self.coordinator
+        let asks = coordinator.askPresenters(reads: [], writes: keys, deletes: [], except: nil)
+        let token = coordinator.acquire(reads: [], writes: keys, deadline: Date().addingTimeInterval(Self.pullWaitLimit),
+                                        abandoned: { false })
+        if token == nil {
+            logger.warning("\(id): coordinated access to \(keys.prefix(3).joined(separator: ", ")) held more than \(Int(Self.pullWaitLimit)) s: the pulled changes are applied under it")
+        }
+        return {
+            if let token { coordinator.release(token) }
+            coordinator.reacquire(asks)
+        }
     }
 
     /// More than one mount shows this container: no open may keep the

@@ -215,6 +215,35 @@ final class ControlConnection: Sendable {
         }
     }
 
+    /// The client's process (`SO_PEERCRED`), nil if the kernel does not say.
+    var peerPID: Int32? {
+        var credentials: (pid: Int32, uid: UInt32, gid: UInt32) = (0, 0, 0)   // struct ucred (Glibc hides it)
+        var length = socklen_t(MemoryLayout<(Int32, UInt32, UInt32)>.size)
+        guard getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &credentials, &length) == 0 else { return nil }
+        return credentials.pid
+    }
+
+    /// The lines a client sends after its request (`present`'s answers),
+    /// one at a time, until it closes the connection (nil). A line longer
+    /// than a request may be ends the connection.
+    func readLines(_ body: (Data) -> Void) {
+        var timeout = timeval(tv_sec: 0, tv_usec: 0)   // no timeout: the client answers when asked
+        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
+        var pending = Data()
+        var buffer = [UInt8](repeating: 0, count: 4096)
+        while true {
+            let n = read(fd, &buffer, buffer.count)
+            if n < 0 && errno == EINTR { continue }
+            if n <= 0 { return }
+            pending.append(contentsOf: buffer[0..<n])
+            while let newline = pending.firstIndex(of: 0x0a) {
+                body(Data(pending[pending.startIndex..<newline]))
+                pending.removeSubrange(pending.startIndex...newline)
+            }
+            if pending.count > ControlLimits.maximumRequestBytes { return }
+        }
+    }
+
     /// Whether the client has closed its side (or sent more, which it must
     /// not): wait for that at most `seconds` (nil: for as long as it takes).
     func peerClosed(waitingAtMost seconds: Double?) -> Bool {

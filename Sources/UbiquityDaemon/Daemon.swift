@@ -387,7 +387,7 @@ package final class Daemon: @unchecked Sendable {
                 logger.warning("\(id): could not catch up with the store, serving the local replica: \(error)")
                 engine.record(error: error)
             }
-            let host = ContainerHost(id: id, replica: replica, engine: engine)
+            let host = ContainerHost(id: id, replica: replica, engine: engine, coordinator: coordinator, logger: logger)
             host.users.withLock { $0 = 1 }
             engine.start(pollInterval: settings.pollInterval, observer: host)
             state.withLock { $0.containers[id] = host }

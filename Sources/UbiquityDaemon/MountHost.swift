@@ -230,8 +230,10 @@ final class MountHost: @unchecked Sendable {
             if case .container(_, let shown) = kind { scope = shown }
             connection.finish(MountDescription(containers: hosts.map(\.id), store: daemon.storePath,
                                                dataHome: daemon.locations.dataHome.path, scope: scope))
-        case .coordinate(let reads, let writes):
-            coordinate(reads: reads, writes: writes, connection)
+        case .coordinate(let reads, let writes, let deletes, let metadataOnly):
+            coordinate(reads: reads, writes: writes, deletes: deletes, download: !metadataOnly, connection)
+        case .present(let path):
+            present(path, connection)
         case .recordConflict(let path, let copy):
             contentCommand([path, copy], connection) { items in
                 guard items[0].0 === items[1].0 else { throw UbiquityError(EXDEV, "the conflict version is in another container") }
@@ -244,6 +246,15 @@ final class MountHost: @unchecked Sendable {
                 return NoResult()
             }
         case .evict(let paths):
+            // An eviction is a coordinated write: not under a coordinated reader.
+            let coordinator = daemon.coordinator
+            guard let token = coordinator.acquire(reads: [], writes: paths.map(coordinationKey),
+                                                  deadline: Date().addingTimeInterval(ContainerHost.pullWaitLimit),
+                                                  abandoned: { connection.peerClosed(waitingAtMost: 0) }) else {
+                connection.fail(UbiquityError(EBUSY, "not evicted: a coordinated access holds it (NSFileCoordinator)"))
+                return
+            }
+            defer { coordinator.release(token) }
             contentCommand(paths, connection) { items in
                 var evicted = 0
                 var refused: [(path: String, error: UbiquityError)] = []
@@ -331,19 +342,51 @@ final class MountHost: @unchecked Sendable {
         }
     }
 
-    /// Coordinated access: wait for the items (as paths on this device), say
-    /// `granted`, hold them until the client closes the connection. A reader
-    /// of a placeholder gets it downloaded first.
-    func coordinate(reads: [[String]], writes: [[String]], _ connection: ControlConnection) {
-        func key(_ names: [String]) -> String { ([mountpoint] + names).joined(separator: "/") }
-        let placeholders = reads.compactMap { names in try? locate(names.map { FileName($0) }) }
+    /// Coordinated access: ask the items' presenters in other processes to
+    /// let go, wait for the items, say `granted`, hold them until the client
+    /// closes the connection, then give the presenters their items back. A
+    /// reader of a placeholder gets it downloaded first (unless `download` is false).
+    func coordinate(reads: [[String]], writes: [[String]], deletes: [[String]], download: Bool, _ connection: ControlConnection) {
+        let placeholders = download ? reads.compactMap { names in try? locate(names.map { FileName($0) }) } : []
         if !placeholders.isEmpty { try? downloadAll(placeholders, recursive: false, connection: connection) }
-        guard let token = daemon.coordinator.acquire(reads: reads.map(key), writes: writes.map(key), abandoned: {
-            connection.peerClosed(waitingAtMost: 0)
-        }) else { return }
-        defer { daemon.coordinator.release(token) }
+        let coordinator = daemon.coordinator
+        let asks = coordinator.askPresenters(reads: reads.map(coordinationKey), writes: (writes + deletes).map(coordinationKey),
+                                             deletes: deletes.map(coordinationKey), except: connection.peerPID)
+        defer { coordinator.reacquire(asks) }
+        guard let token = coordinator.acquire(reads: reads.map(coordinationKey), writes: (writes + deletes).map(coordinationKey),
+                                              abandoned: { connection.peerClosed(waitingAtMost: 0) }) else { return }
+        defer { coordinator.release(token) }
         guard connection.send(.granted) else { return }
         _ = connection.peerClosed(waitingAtMost: nil)
+    }
+
+    /// Present an item until the client closes the connection (`granted`
+    /// once it is known), passing its answers to the coordinator.
+    func present(_ path: [String], _ connection: ControlConnection) {
+        let coordinator = daemon.coordinator
+        let id = coordinator.addPresenter(key: coordinationKey(path), pid: connection.peerPID ?? -1, connection: connection)
+        defer { coordinator.removePresenter(id) }
+        guard connection.send(.granted) else { return }   // known from now on
+        connection.readLines { line in
+            if let answer = try? JSONDecoder().decode(PresenterAnswer.self, from: line) { coordinator.answered(answer.relinquished) }
+        }
+    }
+
+    /// The coordinator's key of an item below the mountpoint: its container
+    /// and its path there, whichever mount names it.
+    func coordinationKey(_ names: [String]) -> String {
+        func key(_ container: String, _ path: [String]) -> String { ([container] + path).joined(separator: "/") }
+        switch kind {
+        case .container(let id, .documents):
+            return key(id, [ContainerHost.documents.description] + names)
+        case .container(let id, _):
+            return key(id, names)
+        case .drive(let drive):
+            if let first = names.first, let folder = drive.currentFolders().first(where: { $0.name.description == first }) {
+                return key(folder.containerID, [ContainerHost.documents.description] + names.dropFirst())
+            }
+            return key(hosts[0].id, names)
+        }
     }
 
     /// Resolve `paths` (names below the mountpoint) and run `body` on their

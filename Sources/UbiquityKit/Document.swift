@@ -59,7 +59,8 @@ open class UIDocument: NSObject, NSFilePresenter, @unchecked Sendable {
         var saving = false
     }
     let status = Mutex(Status())
-    let coordinator = NSFileCoordinator()
+    /// The document's own accesses do not ask the document to let go.
+    var coordinator: NSFileCoordinator { NSFileCoordinator(filePresenter: self) }
     let queue: OperationQueue = {
         let queue = OperationQueue()
         queue.maxConcurrentOperationCount = 1
@@ -93,9 +94,7 @@ open class UIDocument: NSObject, NSFilePresenter, @unchecked Sendable {
         let box = UncheckedBox(completionHandler)
         queue.addOperation { [self] in
             if NSFileVersion.unresolvedConflictVersionsOfItem(at: fileURL)?.isEmpty == false { setState(insert: .inConflict) }
-            setState(insert: .progressAvailable)
             let ok = read()
-            setState(remove: [.progressAvailable])
             if ok {
                 setState(remove: .closed)
                 NSFileCoordinator.addFilePresenter(self)
@@ -104,10 +103,23 @@ open class UIDocument: NSObject, NSFilePresenter, @unchecked Sendable {
         }
     }
 
-    /// Read the file under coordination into the model. False (and the error handled) if it failed.
+    /// Read the file under coordination into the model (a placeholder is
+    /// downloaded first: `progress` and `.progressAvailable` meanwhile).
+    /// False (and the error handled) if it failed.
     func read() -> Bool {
         var coordinationError: NSError?
         var failure: (any Error)?
+        let coordinator = self.coordinator
+        coordinator.downloadProgress = { [self] done in
+            let progress = self.progress ?? Progress(totalUnitCount: Int64(done.totalBytes))
+            progress.totalUnitCount = Int64(done.totalBytes)
+            progress.completedUnitCount = Int64(done.bytes)
+            self.progress = progress
+            setState(insert: .progressAvailable)
+        }
+        defer {
+            if documentState.contains(.progressAvailable) { setState(remove: .progressAvailable) }
+        }
         coordinator.coordinate(readingItemAt: fileURL, options: [], error: &coordinationError) { url in
             do {
                 let data = try Data(contentsOf: url)

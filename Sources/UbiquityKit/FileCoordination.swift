@@ -42,6 +42,8 @@ open class NSFileCoordinator: NSObject, @unchecked Sendable {
 
     let presenter: (any NSFilePresenter)?
     let cancelled = Mutex(false)
+    /// Told how the download of placeholders read goes (UIDocument's `progress`).
+    var downloadProgress: (@Sendable (DownloadProgress) -> Void)?
 
     public init(filePresenter: (any NSFilePresenter)? = nil) {
         presenter = filePresenter
@@ -58,13 +60,13 @@ open class NSFileCoordinator: NSObject, @unchecked Sendable {
 
     open func coordinate(writingItemAt url: URL, options: WritingOptions = [], error outError: NSErrorPointer,
                          byAccessor writer: (URL) -> Void) {
-        access(reads: [], readOptions: [], writes: [url], error: outError) { writer(url) }
+        access(reads: [], readOptions: [], writes: [(url, options)], error: outError) { writer(url) }
     }
 
     open func coordinate(readingItemAt readingURL: URL, options readingOptions: ReadingOptions = [],
                          writingItemAt writingURL: URL, options writingOptions: WritingOptions = [],
                          error outError: NSErrorPointer, byAccessor readerWriter: (URL, URL) -> Void) {
-        access(reads: [readingURL], readOptions: readingOptions, writes: [writingURL], error: outError) {
+        access(reads: [readingURL], readOptions: readingOptions, writes: [(writingURL, writingOptions)], error: outError) {
             readerWriter(readingURL, writingURL)
         }
     }
@@ -72,14 +74,14 @@ open class NSFileCoordinator: NSObject, @unchecked Sendable {
     open func coordinate(writingItemAt url1: URL, options options1: WritingOptions = [],
                          writingItemAt url2: URL, options options2: WritingOptions = [],
                          error outError: NSErrorPointer, byAccessor writer: (URL, URL) -> Void) {
-        access(reads: [], readOptions: [], writes: [url1, url2], error: outError) { writer(url1, url2) }
+        access(reads: [], readOptions: [], writes: [(url1, options1), (url2, options2)], error: outError) { writer(url1, url2) }
     }
 
     /// Several items at once, then `batchAccessor` (which may coordinate each as it goes).
     open func prepare(forReadingItemsAt readingURLs: [URL], options readingOptions: ReadingOptions = [],
                       writingItemsAt writingURLs: [URL], options writingOptions: WritingOptions = [],
                       error outError: NSErrorPointer, byAccessor batchAccessor: (@escaping () -> Void) -> Void) {
-        access(reads: readingURLs, readOptions: readingOptions, writes: writingURLs, error: outError) {
+        access(reads: readingURLs, readOptions: readingOptions, writes: writingURLs.map { ($0, writingOptions) }, error: outError) {
             batchAccessor({})
         }
     }
@@ -87,21 +89,36 @@ open class NSFileCoordinator: NSObject, @unchecked Sendable {
     /// What a coordinated write tells the presenters of the item in this
     /// process (other processes' presenters learn it from the item's events).
     open func item(at oldURL: URL, didMoveTo newURL: URL) {
-        for presenter in FilePresenters.presenting(oldURL) where presenter !== self.presenter {
+        for presenter in FilePresenters.presenting(oldURL, except: presenter) {
             FilePresenters.deliver(presenter) { $0.presentedItemDidMove(to: newURL) }
         }
     }
 
-    /// Hold the items, run `body`, let go. Errors go to `outError` (Apple's way).
-    func access(reads: [URL], readOptions: ReadingOptions, writes: [URL], error outError: NSErrorPointer, _ body: () -> Void) {
-        var byMount: [String: (MountRecord, [[String]], [[String]])] = [:]
-        for (url, writing) in reads.map({ ($0, false) }) + writes.map({ ($0, true) }) {
-            guard let (record, names) = try? Daemons.locate(url.deletingLastPathComponent()) else { continue }
-            let item = names + [url.lastPathComponent]
-            var entry = byMount[record.mountpoint] ?? (record, [], [])
-            if writing { entry.2.append(item) } else { entry.1.append(item) }
-            byMount[record.mountpoint] = entry
+    /// Ask the presenters to let go (this process's here, other processes'
+    /// through the daemon), hold the items, run `body`, let go, give the
+    /// presenters their items back. Errors go to `outError` (Apple's way).
+    func access(reads: [URL], readOptions: ReadingOptions, writes: [(URL, WritingOptions)], error outError: NSErrorPointer,
+                _ body: () -> Void) {
+        struct Items { var record: MountRecord; var reads: [[String]] = []; var writes: [[String]] = []; var deletes: [[String]] = [] }
+        var byMount: [String: Items] = [:]
+        func add(_ url: URL, _ put: (inout Items, [String]) -> Void) {
+            guard let (record, names) = try? Daemons.locate(url.deletingLastPathComponent()) else { return }
+            put(&byMount[record.mountpoint, default: Items(record: record)], names + [url.lastPathComponent])
         }
+        for url in reads { add(url) { $0.reads.append($1) } }
+        for (url, options) in writes {
+            add(url) { items, names in
+                if options.contains(.forDeleting) { items.deletes.append(names) } else { items.writes.append(names) }
+            }
+        }
+        // This process's presenters first (the daemon asks the others').
+        var asks: [FilePresenters.Ask] = []
+        for url in reads { asks += FilePresenters.presenting(url, except: presenter).map { ($0, .reading, !readOptions.contains(.withoutChanges)) } }
+        for (url, options) in writes {
+            asks += FilePresenters.presenting(url, except: presenter).map { ($0, options.contains(.forDeleting) ? .deleting : .writing, true) }
+        }
+        let reacquirers = FilePresenters.relinquish(asks)
+        defer { FilePresenters.reacquire(reacquirers) }
         // One connection per mount, in a fixed order (two coordinators never wait for each other crosswise).
         var held: [Int32] = []
         defer {
@@ -110,21 +127,15 @@ open class NSFileCoordinator: NSObject, @unchecked Sendable {
                 close(fd)
             }
         }
-        for (_, (record, readNames, writeNames)) in byMount.sorted(by: { $0.key < $1.key }) {
+        for (_, items) in byMount.sorted(by: { $0.key < $1.key }) {
             if cancelled.withLock({ $0 }) { return fail(outError, CocoaError(.userCancelled)) }
-            let reads = readOptions.contains(.immediatelyAvailableMetadataOnly) ? [] : readNames
-            let metadataReads = readOptions.contains(.immediatelyAvailableMetadataOnly) ? readNames : []
+            // Metadata only: nothing is downloaded, but a writer still waits for the reader.
+            let metadataOnly = readOptions.contains(.immediatelyAvailableMetadataOnly)
             do {
-                let fd = try Self.grant(record, reads: reads + metadataReads, writes: writeNames)
-                held.append(fd)
+                held.append(try Self.grant(items.record, .coordinate(reads: items.reads, writes: items.writes, deletes: items.deletes,
+                                                                     metadataOnly: metadataOnly), progress: downloadProgress))
             } catch {
                 return fail(outError, error)
-            }
-        }
-        // Before a write, the presenters of this process save what they hold (other processes' are not asked yet).
-        for url in writes {
-            for presenter in FilePresenters.presenting(url) where presenter !== self.presenter {
-                FilePresenters.deliver(presenter, wait: true) { $0.savePresentedItemChanges { _ in } }
             }
         }
         body()
@@ -136,19 +147,23 @@ open class NSFileCoordinator: NSObject, @unchecked Sendable {
 
     /// Ask the daemon for the items; return the connection once granted
     /// (closing it lets go).
-    static func grant(_ record: MountRecord, reads: [[String]], writes: [[String]]) throws -> Int32 {
+    static func grant(_ record: MountRecord, _ command: Command, progress: (@Sendable (DownloadProgress) -> Void)?) throws -> Int32 {
         let result = Mutex<Int32?>(nil)
         let granted = DispatchSemaphore(value: 0)
         let failure = Mutex<(any Error)?>(nil)
         Thread.detachNewThread {
             var connection: Int32 = -1
             do {
-                _ = try Daemons.call(record, .coordinate(reads: reads, writes: writes), expecting: NoResult.self,
-                                     connected: { connection = $0 }) { update in
-                    if case .granted = update {
+                _ = try Daemons.call(record, command, expecting: NoResult.self, connected: { connection = $0 }) { update in
+                    switch update {
+                    case .granted:
                         // Keep the connection: its reading thread ends when it is shut down.
                         result.withLock { $0 = dup(connection) }
                         granted.signal()
+                    case .downloading(let done):
+                        progress?(done)
+                    default:
+                        break
                     }
                 }
             } catch {
@@ -204,12 +219,17 @@ extension NSFilePresenter {
 /// `presentedItemDidMove(to:)` (within its folder; elsewhere: deletion), a
 /// deletion `accommodatePresentedItemDeletion`; a folder's presenter hears
 /// of its subitems.
+///
+/// A presenter of an item in a mount is also known to the daemon (a
+/// `present` connection, `Link`): other processes' coordinated accesses
+/// and the sync's writes of pulled versions ask it to let go first.
 enum FilePresenters {
     struct Watched: @unchecked Sendable {   // the presenter is only handed to its own queue
         var presenter: any NSFilePresenter
         var url: URL
         var folderWatch: Int32
         var selfWatch: Int32
+        var link: Link?
     }
     struct State {
         var fd: Int32 = -1
@@ -217,12 +237,22 @@ enum FilePresenters {
         var cookies: [UInt32: String] = [:]
     }
     static let state = Mutex(State())
+    /// Longest a coordinated access waits for one of this process's presenters to let go.
+    static let timeout = 10.0
 
     static func all() -> [any NSFilePresenter] { state.withLock { $0.watched.map(\.presenter) } }
 
-    static func presenting(_ url: URL) -> [any NSFilePresenter] {
+    /// This process's presenters of `url`, of what is inside it, or of a
+    /// folder holding it — other than `except` (the coordinator's own).
+    static func presenting(_ url: URL, except: (any NSFilePresenter)? = nil) -> [any NSFilePresenter] {
         let path = url.standardizedFileURL.path
-        return state.withLock { $0.watched.filter { $0.url.standardizedFileURL.path == path }.map(\.presenter) }
+        return state.withLock { s in
+            s.watched.filter { watched in
+                let presented = watched.url.standardizedFileURL.path
+                return (presented == path || presented.hasPrefix(path + "/") || path.hasPrefix(presented + "/"))
+                    && watched.presenter !== except
+            }.map(\.presenter)
+        }
     }
 
     static func add(_ presenter: any NSFilePresenter) {
@@ -235,7 +265,8 @@ enum FilePresenters {
         let mask = UInt32(IN_CREATE | IN_DELETE | IN_MODIFY | IN_CLOSE_WRITE | IN_ATTRIB | IN_MOVED_FROM | IN_MOVED_TO)
         let watched = Watched(presenter: presenter, url: url,
                               folderWatch: inotify_add_watch(fd, url.deletingLastPathComponent().path, mask),
-                              selfWatch: inotify_add_watch(fd, url.path, mask | UInt32(IN_DELETE_SELF)))
+                              selfWatch: inotify_add_watch(fd, url.path, mask | UInt32(IN_DELETE_SELF)),
+                              link: Link.open(presenter, url))
         let start = state.withLock { s -> Bool in
             s.watched.append(watched)
             return s.watched.count == 1
@@ -245,14 +276,144 @@ enum FilePresenters {
 
     static func remove(_ presenter: any NSFilePresenter) {
         let id = ObjectIdentifier(presenter)
-        state.withLock { s in s.watched.removeAll { ObjectIdentifier($0.presenter) == id } }
+        let gone = state.withLock { s -> [Watched] in
+            let gone = s.watched.filter { ObjectIdentifier($0.presenter) == id }
+            s.watched.removeAll { ObjectIdentifier($0.presenter) == id }
+            return gone
+        }
+        for watched in gone { watched.link?.close() }
     }
 
+    /// Run `body` with the presenter on its queue (at once when already on it).
     static func deliver(_ presenter: any NSFilePresenter, wait: Bool = false, _ body: @escaping @Sendable (any NSFilePresenter) -> Void) {
         let box = UncheckedBox(presenter)
+        if OperationQueue.current === presenter.presentedItemOperationQueue {
+            body(presenter)
+            return
+        }
         let operation = BlockOperation { body(box.value) }
         presenter.presentedItemOperationQueue.addOperation(operation)
-        if wait && OperationQueue.current !== presenter.presentedItemOperationQueue { operation.waitUntilFinished() }
+        if wait { operation.waitUntilFinished() }
+    }
+
+    /// A presenter to ask, for which access, and whether it saves first.
+    typealias Ask = (presenter: any NSFilePresenter, access: PresenterAsk.Access, save: Bool)
+    typealias Reacquirer = (presenter: any NSFilePresenter, reacquire: () -> Void)
+
+    /// Ask `presenter` to let go for `access` on its queue — save first
+    /// (`savePresentedItemChanges`), then `relinquishPresentedItem(toReader:)`
+    /// or `(toWriter:)`; for a deletion `accommodatePresentedItemDeletion`
+    /// — and call `done` with what gives the item back, once it let go.
+    static func relinquish(_ presenter: any NSFilePresenter, _ access: PresenterAsk.Access, save: Bool,
+                           done: @escaping @Sendable (UncheckedBox<(() -> Void)?>) -> Void) {
+        deliver(presenter) { presenter in
+            let box = UncheckedBox(presenter)
+            let letGo: @Sendable () -> Void = {
+                switch access {
+                case .deleting: box.value.accommodatePresentedItemDeletion { _ in done(UncheckedBox(nil)) }
+                case .reading: box.value.relinquishPresentedItem(toReader: { done(UncheckedBox($0)) })
+                case .writing: box.value.relinquishPresentedItem(toWriter: { done(UncheckedBox($0)) })
+                }
+            }
+            guard save && access != .deleting else { return letGo() }
+            presenter.savePresentedItemChanges { _ in deliver(box.value) { _ in letGo() } }
+        }
+    }
+
+    /// Ask these presenters of this process, wait until each let go (at most
+    /// `timeout`); what gives their items back.
+    static func relinquish(_ asks: [Ask]) -> [Reacquirer] {
+        guard !asks.isEmpty else { return [] }
+        let answers = Mutex<[Int: UncheckedBox<(() -> Void)?>]>([:])
+        let answered = DispatchSemaphore(value: 0)
+        for (index, ask) in asks.enumerated() {
+            relinquish(ask.presenter, ask.access, save: ask.save) { reacquirer in
+                answers.withLock { $0[index] = reacquirer }
+                answered.signal()
+            }
+        }
+        let deadline = DispatchTime.now() + timeout
+        for _ in asks where answered.wait(timeout: deadline) == .success {}
+        let got = answers.withLock { $0 }
+        return asks.indices.compactMap { index in
+            guard let reacquire = got[index]?.value else { return nil }
+            return (asks[index].presenter, reacquire)
+        }
+    }
+
+    static func reacquire(_ reacquirers: [Reacquirer]) {
+        for (presenter, reacquire) in reacquirers {
+            let box = UncheckedBox(reacquire)
+            deliver(presenter) { _ in box.value() }
+        }
+    }
+
+    /// A presenter as the daemon knows it: the `present` connection, whose
+    /// asks are answered once the presenter let go.
+    final class Link: @unchecked Sendable {
+        let fd = Mutex<Int32>(-1)
+        let closed = Mutex(false)
+        let reacquirers = Mutex<[UInt64: UncheckedBox<() -> Void>]>([:])
+
+        /// Present `url` to its mount's daemon (nil outside a mount).
+        static func open(_ presenter: any NSFilePresenter, _ url: URL) -> Link? {
+            guard let (record, names) = try? Daemons.locate(url.deletingLastPathComponent()) else { return nil }
+            let link = Link()
+            let box = UncheckedBox(presenter)
+            let known = DispatchSemaphore(value: 0)
+            Thread.detachNewThread {
+                defer { known.signal() }
+                do {
+                    _ = try Daemons.call(record, .present(path: names + [url.lastPathComponent]), expecting: NoResult.self,
+                                         connected: { fd in
+                                             link.fd.withLock { $0 = fd }
+                                             if link.closed.withLock({ $0 }) { shutdown(fd, Int32(SHUT_RDWR)) }
+                                         }) { update in
+                        if case .granted = update { known.signal() } else { link.handle(update, box.value) }
+                    }
+                } catch {
+                    if !link.closed.withLock({ $0 }) { trace("presenting \(url.path): \(error)") }
+                }
+            }
+            // Accesses that begin after addFilePresenter returns ask this presenter.
+            _ = known.wait(timeout: .now() + 5)
+            return link
+        }
+
+        func handle(_ update: Update, _ presenter: any NSFilePresenter) {
+            switch update {
+            case .relinquish(let ask):
+                trace("relinquish \(ask.access.rawValue) #\(ask.id)")
+                FilePresenters.relinquish(presenter, ask.access, save: true) { [self] reacquirer in
+                    if let reacquire = reacquirer.value {
+                        let box = UncheckedBox(reacquire)
+                        reacquirers.withLock { $0[ask.id] = box }
+                    }
+                    answer(ask.id)
+                }
+            case .reacquire(let id):
+                if let box = reacquirers.withLock({ $0.removeValue(forKey: id) }) {
+                    deliver(presenter) { _ in box.value() }
+                }
+            default:
+                break
+            }
+        }
+
+        func answer(_ id: UInt64) {
+            guard var line = try? JSONEncoder().encode(PresenterAnswer(relinquished: id)) else { return }
+            line.append(0x0a)
+            fd.withLock { fd in
+                guard fd >= 0 else { return }
+                _ = line.withUnsafeBytes { send(fd, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
+            }
+        }
+
+        /// Stop presenting: the daemon forgets the presenter.
+        func close() {
+            closed.withLock { $0 = true }
+            fd.withLock { fd in if fd >= 0 { shutdown(fd, Int32(SHUT_RDWR)) } }
+        }
     }
 
     /// The reading thread: one per process, for as long as the process runs.

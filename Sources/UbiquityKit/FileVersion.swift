@@ -29,10 +29,14 @@ open class NSFileVersion: NSObject, @unchecked Sendable {
     }
 
     /// A resolved conflict version no longer counts as a conflict. Setting
-    /// it true removes this conflicted copy (the current version stays).
+    /// it true resolves the file's conflicts keeping its current version:
+    /// the conflicted copies go, on every device (the daemon resolves a
+    /// file's conflicts together; Apple keeps a resolved version among the
+    /// other versions until `removeOtherVersionsOfItem`).
     open var isResolved: Bool = false {
         didSet {
-            guard isResolved, !oldValue, isConflict else { return }
+            guard isResolved, !oldValue, isConflict,
+                  Self.unresolvedConflictVersionsOfItem(at: item)?.contains(where: { $0.url == url }) == true else { return }
             do {
                 let (record, names) = try Daemons.locate(item)
                 _ = try Daemons.call(record, .resolve(paths: [names], keep: .current), expecting: NoResult.self)
@@ -72,6 +76,7 @@ open class NSFileVersion: NSObject, @unchecked Sendable {
 
     /// Remove every version but the current one (the conflicted copies).
     open class func removeOtherVersionsOfItem(at url: URL) throws {
+        guard otherVersionsOfItem(at: url)?.isEmpty == false else { return }
         let (record, names) = try Daemons.locate(url)
         _ = try Daemons.call(record, .resolve(paths: [names], keep: .current), expecting: NoResult.self)
     }

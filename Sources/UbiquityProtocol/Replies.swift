@@ -22,6 +22,36 @@ public enum Update: Sendable, Equatable {
     case event(QueryEvent)
     /// `coordinate`: the access may begin (`{"granted":true}`).
     case granted
+    /// `present`: another access to the item is coming; answer
+    /// `{"relinquished":ID}` once the presenter let go (since 1.2).
+    case relinquish(PresenterAsk)
+    /// `present`: the access `relinquish` announced has ended (since 1.2).
+    case reacquire(UInt64)
+}
+
+/// What a presenter is asked to do before another access to its item.
+public struct PresenterAsk: Sendable, Equatable, Codable {
+    public enum Access: String, Sendable, Codable {
+        /// Save what it holds, let the reader read (`relinquishPresentedItem(toReader:)`).
+        case reading
+        /// Save what it holds, stop using the item until `reacquire` (`relinquishPresentedItem(toWriter:)`).
+        case writing
+        /// The item is about to be deleted (`accommodatePresentedItemDeletion`).
+        case deleting
+    }
+    public var id: UInt64
+    public var access: Access
+
+    public init(id: UInt64, access: Access) {
+        self.id = id
+        self.access = access
+    }
+}
+
+/// A `present` client's answer, on the connection after its request.
+public struct PresenterAnswer: Sendable, Equatable, Codable {
+    public var relinquished: UInt64
+    public init(relinquished: UInt64) { self.relinquished = relinquished }
 }
 
 /// What `unmount` still has to push.
@@ -235,7 +265,7 @@ extension Reply: Codable {
 }
 
 extension Update: Codable {
-    enum Key: String, CodingKey { case pushing, downloading, event, granted }
+    enum Key: String, CodingKey { case pushing, downloading, event, granted, relinquish, reacquire }
 
     public init(from decoder: any Decoder) throws {
         let c = try decoder.container(keyedBy: Key.self)
@@ -243,6 +273,8 @@ extension Update: Codable {
         else if c.contains(.downloading) { self = .downloading(try c.decode(DownloadProgress.self, forKey: .downloading)) }
         else if c.contains(.event) { self = .event(try QueryEvent(from: decoder)) }
         else if c.contains(.granted) { self = .granted }
+        else if c.contains(.relinquish) { self = .relinquish(try c.decode(PresenterAsk.self, forKey: .relinquish)) }
+        else if c.contains(.reacquire) { self = .reacquire(try c.decode(UInt64.self, forKey: .reacquire)) }
         else {
             throw DecodingError.dataCorrupted(.init(codingPath: [], debugDescription: "a line of no kind this protocol knows"))
         }
@@ -261,6 +293,12 @@ extension Update: Codable {
         case .granted:
             var c = encoder.container(keyedBy: Key.self)
             try c.encode(true, forKey: .granted)
+        case .relinquish(let ask):
+            var c = encoder.container(keyedBy: Key.self)
+            try c.encode(ask, forKey: .relinquish)
+        case .reacquire(let id):
+            var c = encoder.container(keyedBy: Key.self)
+            try c.encode(id, forKey: .reacquire)
         }
     }
 }

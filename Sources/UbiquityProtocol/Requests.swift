@@ -42,7 +42,16 @@ public enum Command: Sendable, Equatable {
     /// Coordinated access (`NSFileCoordinator`): wait until the items may be
     /// read (shared) and written (exclusive), get `granted`, keep the
     /// connection open while accessing; closing it ends the access (since 1.1).
-    case coordinate(reads: [[String]], writes: [[String]])
+    /// `deletes` (since 1.2) are the written items the access deletes: their
+    /// presenters are asked to accommodate the deletion, not to relinquish.
+    /// `metadataOnly` (since 1.2): placeholders read are not downloaded.
+    case coordinate(reads: [[String]], writes: [[String]], deletes: [[String]] = [], metadataOnly: Bool = false)
+    /// Present an item (`NSFilePresenter`): the connection stays open;
+    /// `granted` says the daemon knows the presenter; it sends `relinquish` before another process's or the sync's
+    /// coordinated access to it, the client answers `{"relinquished":ID}` on
+    /// the same connection, and `reacquire` follows when the access ends.
+    /// Closing the connection ends the presenting (since 1.2).
+    case present(path: [String])
     /// Record the file `copy` as an unresolved conflict version of the file
     /// at `path` (`UIDocument` saving beside another device's version; since 1.1).
     case recordConflict(path: [String], copy: [String])
@@ -64,6 +73,7 @@ public enum Command: Sendable, Equatable {
         case .resolve: "resolve"
         case .query: "query"
         case .coordinate: "coordinate"
+        case .present: "present"
         case .recordConflict: "recordConflict"
         case .unmount: "unmount"
         }
@@ -180,7 +190,7 @@ extension ControlRequest: Codable {
     enum Key: String, CodingKey {
         case `protocol`, command
         case mountpoint, container, scope, fuseOptions, deviceName, sharedStore
-        case paths, path, recursive, keep, reads, writes, copy
+        case paths, path, recursive, keep, reads, writes, deletes, metadataOnly, copy
         case predicate, sort, scopes, watch, throttle
     }
 
@@ -222,7 +232,10 @@ extension ControlRequest: Codable {
                 throttle: try c.decodeIfPresent(Double.self, forKey: .throttle) ?? 1))
         case "coordinate":
             command = .coordinate(reads: try c.decodeIfPresent([[String]].self, forKey: .reads) ?? [],
-                                  writes: try c.decodeIfPresent([[String]].self, forKey: .writes) ?? [])
+                                  writes: try c.decodeIfPresent([[String]].self, forKey: .writes) ?? [],
+                                  deletes: try c.decodeIfPresent([[String]].self, forKey: .deletes) ?? [],
+                                  metadataOnly: try c.decodeIfPresent(Bool.self, forKey: .metadataOnly) ?? false)
+        case "present": command = .present(path: try c.decode([String].self, forKey: .path))
         case "recordConflict":
             command = .recordConflict(path: try c.decode([String].self, forKey: .path), copy: try c.decode([String].self, forKey: .copy))
         case "unmount": command = .unmount
@@ -261,9 +274,13 @@ extension ControlRequest: Codable {
             try c.encodeIfPresent(q.container, forKey: .container)
             try c.encode(q.watch, forKey: .watch)
             try c.encode(q.throttle, forKey: .throttle)
-        case .coordinate(let reads, let writes):
+        case .coordinate(let reads, let writes, let deletes, let metadataOnly):
             try c.encode(reads, forKey: .reads)
             try c.encode(writes, forKey: .writes)
+            if !deletes.isEmpty { try c.encode(deletes, forKey: .deletes) }
+            if metadataOnly { try c.encode(true, forKey: .metadataOnly) }
+        case .present(let path):
+            try c.encode(path, forKey: .path)
         case .recordConflict(let path, let copy):
             try c.encode(path, forKey: .path)
             try c.encode(copy, forKey: .copy)

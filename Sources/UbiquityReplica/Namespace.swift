@@ -743,10 +743,14 @@ public struct Namespace: Sendable {
         return (items, bytes)
     }
 
-    /// Walk up from `ino` to the root, for logs and status (first entry naming each node).
+    /// Walk up from `ino` to the root (first entry naming each node): each
+    /// node's last place when it still names it, else a scan of every folder.
     public func path(of ino: UInt64) -> String? {
         if ino == Self.rootIno { return "/" }
-        // Linear scan: only used for messages, never on a hot path.
+        if let node = store.node(ino), !node.unlinked, lookup(node.lastParent, node.lastName) == ino,
+           let up = path(of: node.lastParent) {
+            return up == "/" ? "/\(node.lastName)" : "\(up)/\(node.lastName)"
+        }
         for (parent, entries) in store.dirs {
             for entry in entries.entries where entry.ino == ino {
                 guard let up = path(of: parent) else { return nil }

@@ -157,9 +157,12 @@ struct ChangeApplier {
         if local.unlinked && contentDiffers { resurrections.append(ino) }
         changes.node(ino, contentChanged: contentDiffers, in: ns)
         // What a program sees change: not the ctime a rename sends, nor a
-        // folder's times, which move with what is put in it.
+        // folder's times, which move with what is put in it; the conflict
+        // versions show in the item's status attribute (a document presenting
+        // the file learns its conflict was resolved elsewhere).
         let metadataDiffers = !keepLocalMetadata && (local.mode != state.mode || local.uid != state.uid || local.gid != state.gid
-            || (local.kind != .directory && local.mtime != state.mtime) || local.target != state.target || local.xattrs != state.xattrs)
+            || (local.kind != .directory && local.mtime != state.mtime) || local.target != state.target || local.xattrs != state.xattrs
+            || local.conflicts != (state.conflicts ?? []))
         if contentDiffers || metadataDiffers { changes.edited[ino] = (changes.edited[ino] ?? false) || contentDiffers }
         if refresh || (contentDiffers && ns.isPinned(ino)) { changes.refresh.append(ino) }
     }
@@ -294,6 +297,13 @@ struct ChangeApplier {
                 trace("[\(deviceName)]   aside \(node.id.suffix(6)) \(name) -> \(copyName)")
                 ns.linkEntry(parent, copyName, existing, local: true)
                 changes.entry(parent, copyName, in: ns)
+                // A file saved over the other's file (an atomic save on each
+                // side): ours is an unresolved conflict version of theirs.
+                if node.kind == .file, let child, ns.node(child)?.kind == .file {
+                    ns.update(child, local: true) { n in
+                        if !n.conflicts.contains(node.id) { n.conflicts.append(node.id) }
+                    }
+                }
             } else {
                 ns.unlinkEntry(parent, name, local: false)
             }
@@ -443,11 +453,21 @@ struct ChangeApplier {
         guard let node = ns.node(ino), node.unlinked, node.lastParent != 0 else { return }
         if let parent = ns.node(node.lastParent), parent.unlinked { resurrect(node.lastParent, to: &ns) }
         guard ns.node(node.lastParent) != nil else { return }
-        let name = ns.lookup(node.lastParent, node.lastName) == nil
-            ? node.lastName : conflictName(node.lastName, in: node.lastParent, ns: ns)
+        let occupant = ns.lookup(node.lastParent, node.lastName)
+        let name = occupant == nil ? node.lastName : conflictName(node.lastName, in: node.lastParent, ns: ns)
         ns.linkEntry(node.lastParent, name, ino, local: true)
         trace("[\(deviceName)]   resurrect \(node.id.suffix(6)) at \(name)")
         ns.update(ino) { _ in }
         changes.entry(node.lastParent, name, in: ns)
+        // Edited there, saved over here (an atomic save replaced the file):
+        // the edit is an unresolved conflict version of the file at its name,
+        // whose presenters hear of it (an attribute change).
+        if let occupant, node.kind == .file, ns.node(occupant)?.kind == .file {
+            ns.update(occupant, local: true) { n in
+                if !n.conflicts.contains(node.id) { n.conflicts.append(node.id) }
+            }
+            changes.node(occupant, contentChanged: false, in: ns)
+            changes.edited[occupant] = changes.edited[occupant] ?? false
+        }
     }
 }

@@ -23,6 +23,8 @@ extension SyncEngine {
         var all = ReplicaChanges()
         var unrecorded: (any Error)?
         var quarantined: [QuarantinedRecord] = []
+        var releases: [@Sendable () -> Void] = []
+        defer { for release in releases { release() } }
         // A commit of this device's under way: once settled, it is not read back.
         commitGate.withLock { _ in }
         try pullLock.withLock { _ in
@@ -35,6 +37,7 @@ extension SyncEngine {
                 try packs.record(records.reduce(into: [:]) { all, record in
                     all.merge(PackIndex.locations(in: record.changeSet?.changes ?? [])) { $1 }
                 }, own: false)
+                if let release = observer.withLock({ $0 })?.pullWillChange({ affectedPaths(records) }) { releases.append(release) }
                 for record in records {
                     let changed = replica.withNamespace { ns -> ReplicaChanges in
                         guard record.seq == ns.appliedSeq + 1 else { return ReplicaChanges() }
@@ -84,6 +87,33 @@ extension SyncEngine {
         for ino in all.dropped { replica.removeCacheFile(ino) }
         if let unrecorded { throw unrecorded }
         return all
+    }
+
+    /// The paths (in the container) that other devices' change sets in
+    /// `records` change: each changed or deleted node's, each entry's, and
+    /// where each moved node was.
+    func affectedPaths(_ records: [JournalRecord]) -> [String] {
+        replica.withNamespace { ns in
+            var paths: Set<String> = []
+            func add(_ id: NodeID) {
+                if let ino = ns.inoByID[id], let path = ns.path(of: ino) { paths.insert(path) }
+            }
+            for record in records {
+                guard let changeSet = record.changeSet, changeSet.device != device.id else { continue }
+                for change in changeSet.changes {
+                    switch change {
+                    case .node(let state): add(state.id)
+                    case .deleteNode(let id, _): add(id)
+                    case .entry(let parent, let name, let child):
+                        if let ino = ns.inoByID[parent], let up = ns.path(of: ino) {
+                            paths.insert(up == "/" ? "/\(name)" : "\(up)/\(name)")
+                        }
+                        if let child { add(child) }
+                    }
+                }
+            }
+            return paths.sorted()
+        }
     }
 
     /// The journal records this replica skipped because they failed validation.
@@ -138,4 +168,13 @@ public struct ReplicaChanges: Sendable {
 /// kernel's caches).
 public protocol ReplicaObserver: Sendable {
     func replicaChanged(_ changes: ReplicaChanges)
+    /// Before a pull changes items (`paths`, in the container: worked out
+    /// only if asked): wait until nobody holds coordinated access to them,
+    /// as a coordinated writer; the result ends the pull's access, once the
+    /// change is applied and told. Nil: nothing to wait for.
+    func pullWillChange(_ paths: () -> [String]) -> (@Sendable () -> Void)?
+}
+
+extension ReplicaObserver {
+    public func pullWillChange(_ paths: () -> [String]) -> (@Sendable () -> Void)? { nil }
 }

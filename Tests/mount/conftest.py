@@ -33,7 +33,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(os.environ.get("UBIQUITYFS_BIN") or REPO / ".build" / "debug" / "ubiquityfs")
 # The control protocol the binary speaks (docs/PROTOCOL.md), for tests that talk to a daemon's socket directly.
-CONTROL_PROTOCOL = "1.1"
+CONTROL_PROTOCOL = "1.2"
 PLAIN = os.environ.get("UBQ_TEST_PLAIN", "") == "1"
 
 
@@ -867,11 +867,13 @@ class Background:
     """A program in the background whose output lines (stdout and stderr) are
     collected with their arrival times. `ready`: a line to wait for before
     the constructor returns; `settle`: seconds to give a program that prints
-    no such line."""
+    no such line; `stdin`: keep a pipe to its standard input (`send`), else
+    it reads an empty one."""
 
-    def __init__(self, argv, env=None, ready: str | None = None, settle: float = 0, ready_timeout: float = 30):
+    def __init__(self, argv, env=None, ready: str | None = None, settle: float = 0, ready_timeout: float = 30,
+                 stdin: bool = False):
         self.proc = subprocess.Popen([str(a) for a in argv], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     text=True)
+                                     stdin=subprocess.PIPE if stdin else subprocess.DEVNULL, text=True)
         self.timed: list[tuple[float, str]] = []
         self.lock = threading.RLock()
         self._ready = threading.Event()
@@ -887,6 +889,14 @@ class Background:
                 self.timed.append((time.monotonic(), line.rstrip("\n")))
             if self._marker and self._marker in line:
                 self._ready.set()
+
+    def send(self, line: str | None) -> None:
+        """A line to the program's standard input; None closes it."""
+        if line is None:
+            self.proc.stdin.close()
+        else:
+            self.proc.stdin.write(line + "\n")
+            self.proc.stdin.flush()
 
     @property
     def lines(self) -> list[str]:

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from conftest import BIN, store_args
+from test_sync import eventually, store_link, wait_offline, wait_pushed  # noqa: F401 (store_link: a fixture)
 
 pytestmark = pytest.mark.daemon
 
@@ -30,14 +31,16 @@ def example(name: str) -> Path:
     return path
 
 
-def two_container_mounts(store, make_device):
+def two_container_mounts(store, make_device, mount_env=None, b_store=None):
     res = subprocess.run([str(BIN), "container", "create", CONTAINER, "--name", "Kit", *store_args(store)],
                          capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
     devices = []
     for name in ("a", "b"):
-        dev = make_device(name, mount=False, container=CONTAINER)
+        kw = {"store": b_store} if name == "b" and b_store is not None else {}
+        dev = make_device(name, mount=False, container=CONTAINER, **kw)
         dev.mount_args = ("--scope", "all", "--device-name", name)
+        dev.mount_env = mount_env
         dev.mount()
         devices.append(dev)
     a, b = devices
@@ -170,6 +173,92 @@ def test_coordinated_access_across_processes(store, make_device, background):
     after.wait_for(lambda l: l.startswith("read "), timeout=10, what="a read after the holder died")
 
 
+def stamp(line: str) -> float:
+    return float(line.split()[-1])
+
+
+def test_presenters_in_other_processes_let_go_before_accesses(store, make_device, background):
+    """Another process's coordinated write asks this process's presenter to
+    save and relinquish first and gives the item back after; a deletion asks
+    it to accommodate; a reader asks it to relinquish to the reader; a
+    presenter that never answers holds a writer back only as long as the
+    timeout."""
+    a, _ = two_container_mounts(store, make_device, mount_env={"UBIQUITYFS_PRESENTER_TIMEOUT": "2"})
+    handler = example("ubiquitykit-documents-handler")
+    path = a.mountpoint / "Documents" / "presented.txt"
+    path.write_text("v1")
+    monitor = background([handler, "monitor", path, "40"], a.env())
+    monitor.wait_for(lambda l: l == "monitoring", what="the presenter's start")
+
+    writer = background([handler, "write", path, "v2", "1"], a.env())
+    _, saved = monitor.wait_for(lambda l: l.startswith("save "), what="savePresentedItemChanges")
+    _, relinquished = monitor.wait_for(lambda l: l.startswith("relinquish to writer "), what="relinquishPresentedItem(toWriter:)")
+    _, writing = writer.wait_for(lambda l: l.startswith("writing "), what="the write's grant")
+    _, wrote = writer.wait_for(lambda l: l.startswith("wrote "), what="the write")
+    _, reacquired = monitor.wait_for(lambda l: l.startswith("reacquired "), what="the reacquirer")
+    assert stamp(saved) <= stamp(relinquished) <= stamp(writing), (saved, relinquished, writing)
+    assert stamp(reacquired) >= stamp(wrote), (wrote, reacquired)
+    assert path.read_text() == "v2"
+
+    reader = background([handler, "read", path], a.env())
+    _, to_reader = monitor.wait_for(lambda l: l.startswith("relinquish to reader "), what="relinquishPresentedItem(toReader:)")
+    _, read = reader.wait_for(lambda l: l.startswith("read "), what="the read")
+    assert stamp(to_reader) <= float(read.split()[1])
+    monitor.wait_for(lambda l: l.startswith("reacquired from reader "), what="the reader's reacquirer")
+
+    # The guide's write is a coordinated write .forDeleting: the presenter accommodates the deletion first.
+    deleter = background([handler, "write", path, "v3"], a.env())
+    _, deleted = monitor.wait_for(lambda l: l.startswith("file deleted "), what="accommodatePresentedItemDeletion")
+    _, wrote = deleter.wait_for(lambda l: l.startswith("wrote "), what="the guide's write")
+    assert stamp(deleted) <= stamp(wrote)
+
+    # A presenter that never lets go: the writer goes ahead after the daemon's timeout (2 s here).
+    other = a.mountpoint / "Documents" / "stubborn.txt"
+    other.write_text("s1")
+    stubborn = background([handler, "monitor", other, "30"], {**a.env(), "STUBBORN": "1"})
+    stubborn.wait_for(lambda l: l == "monitoring", what="the stubborn presenter's start")
+    start = time.time()
+    late = background([handler, "write", other, "s2", "0"], a.env())
+    stubborn.wait_for(lambda l: l.startswith("relinquish to writer "), what="the ask")
+    _, writing = late.wait_for(lambda l: l.startswith("writing "), timeout=15, what="the write after the timeout")
+    assert 1.5 <= stamp(writing) - start < 10, stamp(writing) - start
+    late.wait_for(lambda l: l.startswith("wrote "), what="the write")
+
+
+def test_a_pull_waits_for_a_coordinated_reader_and_asks_presenters(store, make_device, background):
+    """The sync writes a pulled version as a coordinated writer: a coordinated
+    reader on B reads one version from start to end while A's edit waits,
+    and B's presenter relinquishes to the sync and gets the item back."""
+    a, b = two_container_mounts(store, make_device)
+    handler = example("ubiquitykit-documents-handler")
+    on_a = a.mountpoint / "Documents" / "pulled.txt"
+    on_b = b.mountpoint / "Documents" / "pulled.txt"
+    on_a.write_text("v1")
+    deadline = time.monotonic() + 15
+    while not on_b.exists():
+        assert time.monotonic() < deadline, "the file did not reach B"
+        time.sleep(0.05)
+    monitor = background([handler, "monitor", on_b, "40"], b.env())
+    monitor.wait_for(lambda l: l == "monitoring", what="the presenter's start")
+    reader = background([handler, "read", on_b, "4"], b.env())
+    _, first = reader.wait_for(lambda l: l.startswith("reading "), what="the coordinated read")
+    assert first.endswith(" v1"), first
+    # While B's reader holds the file, A's edit arrives; the pull waits for the reader.
+    _, reader_pid_line = monitor.wait_for(lambda l: l.startswith("relinquish to reader "), what="the reader's ask")
+    on_a.write_text("v2 from A")
+    _, again = reader.wait_for(lambda l: l.startswith("read again "), timeout=15, what="the second read")
+    assert again.endswith(" v1"), f"the pull replaced the file under a coordinated reader: {again}"
+    _, to_sync = monitor.wait_for(lambda l: l.startswith("relinquish to writer "), what="the sync's ask")
+    _, back = monitor.wait_for(lambda l: l.startswith("reacquired ") and not l.startswith("reacquired from"),
+                               what="the item given back after the pull")
+    assert stamp(back) >= float(again.split()[2]) - 0.05, (again, back)
+    deadline = time.monotonic() + 15
+    while on_b.read_text() != "v2 from A":
+        assert time.monotonic() < deadline, "A's edit did not arrive on B after the read"
+        time.sleep(0.1)
+    monitor.wait_for(lambda l: l == "file changed", what="presentedItemDidChange after the pull")
+
+
 def test_a_presenter_is_told_of_another_devices_edit(store, make_device, background):
     a, b = two_container_mounts(store, make_device)
     (a.mountpoint / "Documents" / "watched.txt").write_text("first")
@@ -232,3 +321,74 @@ def test_the_uidocument_sample_creates_opens_reloads_and_flags_conflicts(store, 
             break
         time.sleep(0.2)
     assert "conflicted copy" in listed, listed
+
+
+def notes(dev, *args, timeout: float = 60) -> str:
+    """Run the notes app on `dev`; its output."""
+    done = subprocess.run([str(example("ubiquitykit-notes")), "--container", CONTAINER, *map(str, args)], env=dev.env(),
+                          capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, (args, done.stdout, done.stderr)
+    return done.stdout
+
+
+def test_the_notes_app_edits_on_two_devices_one_offline_and_resolves_once_for_both(store, make_device, store_link,
+                                                                                     background):
+    """The notes app (UIDocument, NSMetadataQuery, NSFileVersion, resource
+    values): a note saved on both devices while B is offline ends in conflict
+    on both, with both texts as the current and the unresolved version; an
+    open document shows .inConflict; resolving on B clears it on both, and
+    the document open on A hears it and returns to normal."""
+    a, b = two_container_mounts(store, make_device, b_store=store_link.path)
+    assert "saved" in notes(a, "write", "todo", "milk")
+    listing = background([example("ubiquitykit-notes"), "--container", CONTAINER, "list", "--watch", "60"], b.env())
+    listing.wait_for(lambda l: l.strip().startswith("✓ todo") or l.strip().startswith("☁ todo"), what="the note listed on B")
+    def arrived():
+        assert (b.mountpoint / "Documents" / "todo.txt").read_text() == "milk"
+    eventually(arrived, what="the note on B")
+
+    store_link.cut()
+    wait_offline(b)
+    assert "saved" in notes(b, "write", "todo", "milk, eggs (from B)")
+    assert "saved" in notes(a, "write", "todo", "milk, bread (from A)")
+    wait_pushed(a)
+    # B's list shows its edit waiting to be uploaded.
+    listing.wait_for(lambda l: "todo" in l and "↑" in l, what="B's unsent edit in the list")
+    store_link.restore()
+
+    texts = {"milk, eggs (from B)", "milk, bread (from A)"}
+
+    def in_conflict(dev):
+        out = notes(dev, "conflicts", "todo")
+        assert "conflicts: 1" in out, out
+        current = out.splitlines()[0].split(" ", 2)[2]
+        other = out.splitlines()[2].split(": ", 2)[2]
+        assert {current, other} == texts, out
+        return out
+
+    for dev in (a, b):
+        eventually(lambda: in_conflict(dev), timeout=30, what=f"the conflict on {dev.name}")
+    listing.wait_for(lambda l: "todo" in l and "⚠" in l and "(conflicted copy" not in l, what="the conflict in B's list")
+    assert "state: inConflict" in notes(b, "show", "todo")
+
+    # A keeps the note open while B resolves: A's document hears it.
+    editor = background([example("ubiquitykit-notes"), "--container", CONTAINER, "edit", "todo"], a.env(), stdin=True)
+    editor.wait_for(lambda l: l == "state: inConflict", what="A's open document in conflict")
+    out = notes(b, "conflicts", "todo")
+    b_text = "milk, eggs (from B)"
+    version = next(line.split(":")[0].strip() for line in out.splitlines()[2:] if line.endswith(b_text))
+    start = time.monotonic()
+    assert "resolved" in notes(b, "resolve", "todo", version)
+
+    def resolved(dev):
+        out = notes(dev, "conflicts", "todo")
+        assert "conflicts: 0" in out and out.splitlines()[0].endswith(b_text), out
+        names = sorted(p.name for p in (dev.mountpoint / "Documents").iterdir())
+        assert names == ["todo.txt"], names
+        return True
+
+    for dev in (a, b):
+        eventually(lambda: resolved(dev), timeout=30, what=f"the resolution on {dev.name}")
+    editor.wait_for(lambda l: l.startswith("state: normal") and l.endswith(b_text), after=start,
+                    what="A's document back to normal with the kept text")
+    editor.send(None)
+    editor.wait_for(lambda l: l == "closed", what="A's document closed")
