@@ -13,11 +13,11 @@ declare -A groups=(
   [package]="dpkg-dev binutils"
   # real tools on the mount, watchers of remote changes, the file manager's extension
   # under a headless desktop, the peer for benchmarks; and what checks the packages
-  # (Tests/packaging: lintian, man -w, bash completion, systemd-analyze verify;
+  # (Tests/packaging: lintian, man -w, bash/zsh/fish completions, systemd-analyze verify;
   # Packaging/deb/clean-root-test.sh: debootstrap, systemd-nspawn)
   [test]="vim git sqlite3 rsync tar attr bindfs rclone fio python3 inotify-tools libglib2.0-bin
           xvfb xauth dbus dbus-x11 python3-gi python3-nautilus gir1.2-nautilus-4.0 nautilus
-          lintian man-db bash-completion systemd debootstrap systemd-container"
+          lintian man-db bash-completion zsh fish systemd debootstrap systemd-container"
   # Tests/servers/s3servers.py runs a throwaway one-node Ceph (monitor, OSD on memstore,
   # RADOS Gateway) on loopback; keep in sync with CEPH_PACKAGES there. SeaweedFS comes
   # from PyPI (Tests/requirements.txt).
