@@ -27,6 +27,8 @@ struct Service: ParsableCommand {
             every mount was tried it tells systemd it is ready (sd_notify READY=1) and copies the daemons' logs to \
             its output (the journal). SIGTERM or SIGINT unmounts each as `ubiquityfs unmount` does, waiting until \
             every change is in the store (a store that cannot take them: detached, changes stay queued), then exits. \
+            A mountpoint already mounted by this device is kept as it is and unmounted with the others; a mount \
+            made by hand while the service runs, of a store it serves, joins that daemon and ends with the service. \
             A daemon that dies makes the service fail (systemd restarts it); one whose mounts were all unmounted by \
             hand is let go, and the service ends when none is left.
             """)
@@ -101,10 +103,20 @@ struct Service: ParsableCommand {
         var mounted: [String] = []
         var daemons: [Int32: (log: LogFollower?, mountpoints: Set<String>)] = [:]
         var failed: [String] = []
+        var already = 0
         for entry in list {
             let mountpoint = absolutePath(entry.mountpoint)
             cleanDeadMount(mountpoint)
             do {
+                if Unmounter.isMountpoint(mountpoint), let record = try? MountLocator.daemon(of: mountpoint) {
+                    // Mounted by hand before the service started: the service looks after it from now on.
+                    say("\(mountpoint): already mounted by this device (daemon pid \(record.pid)); the service keeps it")
+                    already += 1
+                    mounted.append(mountpoint)
+                    if daemons[record.pid] == nil { daemons[record.pid] = (LogFollower(pid: record.pid), []) }
+                    daemons[record.pid]?.mountpoints.insert(mountpoint)
+                    continue
+                }
                 var command = try Mount.parse([mountpoint] + entry.options)
                 guard !command.foreground else { throw ValidationError("--foreground has no place in the service") }
                 command.mountpoint = mountpoint
@@ -117,18 +129,14 @@ struct Service: ParsableCommand {
                 }
                 daemons[record.pid]?.mountpoints.insert(mountpoint)
             } catch {
-                let message = Mount.message(for: error)
-                if Unmounter.isMountpoint(mountpoint), (try? MountLocator.daemon(of: mountpoint)) != nil {
-                    say("\(mountpoint): already mounted by this device; left as it is")
-                } else {
-                    say("\(mountpoint): not mounted: \(message)")
-                    failed.append(mountpoint)
-                }
+                say("\(mountpoint): not mounted: \(Mount.message(for: error))")
+                failed.append(mountpoint)
             }
         }
         let summary = list.isEmpty
             ? "nothing to mount: no line in \(Self.defaultConfig.path) and no mountpoint in \(RememberedStores.file.path)"
-            : "\(mounted.count) of \(list.count) mounted" + (failed.isEmpty ? "" : "; not mounted: " + failed.joined(separator: ", "))
+            : "\(mounted.count) of \(list.count) mounted" + (already > 0 ? " (\(already) already were)" : "")
+                + (failed.isEmpty ? "" : "; not mounted: " + failed.joined(separator: ", "))
         say(summary)
         SystemdNotify.send("READY=1\nSTATUS=\(summary)", socketPath: notifySocket)
         if !list.isEmpty && mounted.isEmpty && !failed.isEmpty {
@@ -147,17 +155,15 @@ struct Service: ParsableCommand {
             }
             for (pid, daemon) in daemons {
                 daemon.log?.forward()
-                var status: Int32 = 0
-                guard waitpid(pid, &status, WNOHANG) == pid else { continue }
+                guard let exitedCleanly = Self.ended(pid) else { continue }
                 daemon.log?.forward()
                 daemons[pid] = nil
-                let exitedCleanly = (status & 0x7f) == 0 && ((status >> 8) & 0xff) == 0
                 let left = daemon.mountpoints.filter { Unmounter.isMountpoint($0) }
                 if exitedCleanly && left.isEmpty {
                     say("daemon \(pid) ended: its mounts (\(daemon.mountpoints.sorted().joined(separator: ", "))) were unmounted")
                     mounted.removeAll { daemon.mountpoints.contains($0) }
                 } else {
-                    say("daemon \(pid) died (wait status \(status)); its mounts: \(daemon.mountpoints.sorted().joined(separator: ", "))")
+                    say("daemon \(pid) died (\(exitedCleanly ? "exit status 0, its mounts left dead" : "killed or failed")); its mounts: \(daemon.mountpoints.sorted().joined(separator: ", "))")
                     for mountpoint in left { cleanDeadMount(mountpoint) }
                     SystemdNotify.send("STOPPING=1", socketPath: notifySocket)
                     stop(mounted, daemons: &daemons)
@@ -177,7 +183,11 @@ struct Service: ParsableCommand {
     /// store that cannot take them: detached, the queue kept), then wait for
     /// the daemons to end.
     func stop(_ mountpoints: [String], daemons: inout [Int32: (log: LogFollower?, mountpoints: Set<String>)]) {
-        for mountpoint in mountpoints where Unmounter.isMountpoint(mountpoint) {
+        // Its daemons' other mounts too (made by hand meanwhile, joining them): they end with the service.
+        let others = MountTable.ubiquityMounts().filter { entry in
+            entry.daemonPID.map { daemons[$0] != nil } == true && !mountpoints.contains(entry.mountpoint)
+        }.map(\.mountpoint)
+        for mountpoint in mountpoints + others where Unmounter.isMountpoint(mountpoint) {
             guard (try? MountLocator.daemon(of: mountpoint)) != nil else { continue }
             do {
                 try Unmount.parse([mountpoint]).run()
@@ -192,8 +202,7 @@ struct Service: ParsableCommand {
         while !daemons.isEmpty && Date() < deadline {
             for (pid, daemon) in daemons {
                 daemon.log?.forward()
-                var status: Int32 = 0
-                if waitpid(pid, &status, WNOHANG) == pid || (kill(pid, 0) != 0 && errno == ESRCH) {
+                if Self.ended(pid) != nil {
                     daemon.log?.forward()
                     daemons[pid] = nil
                 }
@@ -204,6 +213,18 @@ struct Service: ParsableCommand {
             say("daemon \(pid) did not end; sending SIGTERM (what is not pushed stays queued)")
             kill(pid, SIGTERM)
         }
+    }
+
+    /// Whether daemon `pid` has ended (nil: it runs): true if it exited with
+    /// status 0. A daemon that is not the service's child (mounted before
+    /// the service started) is polled; its status is unknown, taken as 0
+    /// (its mounts, left dead or not, say the rest).
+    static func ended(_ pid: Int32) -> Bool? {
+        var status: Int32 = 0
+        let waited = waitpid(pid, &status, WNOHANG)
+        if waited == pid { return (status & 0x7f) == 0 && ((status >> 8) & 0xff) == 0 }
+        if waited == -1 && errno == ECHILD && kill(pid, 0) != 0 && errno == ESRCH { return true }
+        return nil
     }
 
     /// A dead FUSE mount of this user's (its daemon died): lazily unmounted,

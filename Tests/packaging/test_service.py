@@ -171,6 +171,36 @@ def test_service_ends_when_every_mount_is_unmounted_by_hand(binary, base, servic
         cleanup_mount(cloud)
 
 
+def test_service_keeps_what_was_mounted_and_what_joins_its_daemon(binary, base, service_setup):
+    """A mountpoint mounted by hand before the service starts is kept and unmounted at stop; a mount made by
+    hand of a store the service serves joins its daemon and ends with the service, its changes pushed."""
+    env, notify = service_setup
+    cloud, extra = base / "Cloud", base / "Extra"
+    for d in (cloud, extra):
+        d.mkdir()
+    assert subprocess.run([str(binary), "mount", str(cloud)], env=env, capture_output=True, timeout=120).returncode == 0
+    (Path(env["XDG_CONFIG_HOME"]) / "ubiquityfs").mkdir(parents=True, exist_ok=True)
+    (Path(env["XDG_CONFIG_HOME"]) / "ubiquityfs/service.conf").write_text(f"{cloud}\n")
+    service = subprocess.Popen([str(binary), "service"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        ready = notify.wait_for("READY", timeout=120)
+        assert ready is not None and "STATUS=1 of 1 mounted (1 already were)" in ready, ready
+        p = subprocess.run([str(binary), "mount", str(extra), "--container", "com.example.extra"], env=env,
+                           capture_output=True, text=True, timeout=120)
+        assert p.returncode == 0, p.stderr
+        assert daemon_pids([cloud, extra])[str(cloud)] == daemon_pids([cloud, extra])[str(extra)]
+        (extra / "e.txt").write_text("joined")
+        service.send_signal(signal.SIGTERM)
+        assert service.wait(timeout=120) == 0
+        output = service.stdout.read()
+        assert mount_type(cloud) is None and mount_type(extra) is None, output
+        assert output.count("every change is in the store") == 2, output
+    finally:
+        stop_process(service)
+        for m in (cloud, extra):
+            cleanup_mount(m)
+
+
 def test_foreground_daemon_says_ready(binary, base, service_setup):
     """`ubiquityfs mount --foreground` under systemd (Type=notify) tells it when the mount is ready."""
     env, notify = service_setup
