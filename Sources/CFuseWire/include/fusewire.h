@@ -14,7 +14,9 @@
  *   `max_stack_depth` 1 in the reply.
  * - OPEN and CREATE: `ubq_next_open_reply` (on the thread about to reply)
  *   gives the open flags and backing id that `ubq_io_writev` writes into
- *   the reply's `fuse_open_out` (its last 16 bytes).
+ *   the reply's `fuse_open_out` (its last 16 bytes): only into the reply
+ *   whose unique id is the request's (`ubq_io_read` notes it; the thread
+ *   that reads a request answers it).
  *
  * The layouts are the kernel's (include/uapi/linux/fuse.h, protocol 7.40).
  */
@@ -41,7 +43,10 @@ int ubq_init_offers_passthrough(void);
 /* During `init`: the INIT reply asks for passthrough. */
 void ubq_init_accept_passthrough(void);
 
-/* The next OPEN or CREATE reply sent by this thread carries these (then forgotten). */
+/* The reply to the OPEN or CREATE this thread read last carries these, if it
+ * is the next reply this thread sends (matched by its unique id); the next
+ * reply uses them up either way. Armed while answering any other request,
+ * nothing is patched. */
 void ubq_next_open_reply(uint32_t open_flags, int32_t backing_id);
 void ubq_forget_open_reply(void);
 
