@@ -108,6 +108,9 @@ final class DownloadBoard: @unchecked Sendable {
         var evicted = false
         /// When a streaming reader was last served from memory.
         var lastServed = Date()
+        /// Among the downloads the pool looks at (`DownloadPool.active`), not
+        /// only queued behind others (`DownloadPool.queued`).
+        var scheduled = false
 
         /// Put the missing chunks of a short range (a `read`) first in the
         /// queue, and the read-ahead after them.
@@ -183,6 +186,31 @@ final class DownloadBoard: @unchecked Sendable {
     var jobs: [JobKey: Job] = [:]
     /// Streaming readers open, per version (`beginStream`).
     var streams: [JobKey: Int] = [:]
+    /// Jobs looked at to start and schedule downloads (guarded by the
+    /// monitor): tests count the work that starting N downloads costs.
+    var examined = 0
+    /// Downloads that finished, in the order they did, from `finishedHead`
+    /// on: a start forgets the ones done for ten minutes from the front,
+    /// without walking every job (that cost N²/2 for N starts).
+    var finished: [(key: JobKey, id: UInt64)] = []
+    var finishedHead = 0
+
+    /// Forget downloads that finished before `stale` (the caller holds the monitor).
+    func forgetFinished(before stale: Date) {
+        while finishedHead < finished.count {
+            let (key, id) = finished[finishedHead]
+            examined += 1
+            if let job = jobs[key], job.id == id, job.done {
+                guard job.lastProgress <= stale else { break }
+                jobs[key] = nil
+            }
+            finishedHead += 1
+        }
+        if finishedHead >= 64 && finishedHead * 2 >= finished.count {
+            finished.removeFirst(finishedHead)
+            finishedHead = 0
+        }
+    }
 
     struct JobKey: Hashable {
         var ino: UInt64
@@ -220,8 +248,16 @@ final class DownloadPool: @unchecked Sendable {
     typealias Work = (entry: Entry, unit: Unit, job: DownloadBoard.Job)
 
     let monitor = Monitor()
-    /// Guarded by `monitor`: downloads with work left, oldest first.
+    /// Guarded by `monitor`: the downloads `next` looks at, oldest first:
+    /// foreground ones, background ones begun, and any a reader asked for.
     var active: [Entry] = []
+    /// Background downloads not begun yet, oldest first (from `queuedHead`
+    /// on): `next` moves them to `active` while fewer than
+    /// `backgroundAtOnce` background ones are there. So starting (and
+    /// scheduling) a download looks at the few being worked on, not at
+    /// every one queued: pinning N placeholders is O(N), not O(N²).
+    var queued: [Entry] = []
+    var queuedHead = 0
     /// Units taken for idle workers that were woken for them; never more than `idle`.
     var handed: [Work] = []
     var threads = 0
@@ -234,10 +270,46 @@ final class DownloadPool: @unchecked Sendable {
     /// Chunks held by every download.
     var heldChunks = 0
 
-    /// Add a download (the caller holds `monitor`).
-    func enqueue(_ entry: Entry) {
-        active.append(entry)
+    /// Add a download: a background one behind the others, any other
+    /// among those `next` looks at (the caller holds `monitor`).
+    func enqueue(_ entry: Entry, background: Bool) {
+        if background {
+            queued.append(entry)
+        } else {
+            schedule(entry)
+        }
         wake()
+    }
+
+    /// Put download `entry` among those `next` looks at, if it is not
+    /// there yet: a reader waits for it, or it became foreground (the
+    /// caller holds `monitor`).
+    func schedule(_ entry: Entry) {
+        let board = entry.engine.downloads
+        guard let job = board.jobs[entry.key], job.id == entry.id, !job.scheduled else { return }
+        board.jobs[entry.key]?.scheduled = true
+        active.append(entry)
+    }
+
+    /// Move queued background downloads to `active` while fewer than
+    /// `backgroundAtOnce` are there (the caller holds `monitor`).
+    private func beginQueued() {
+        var background = 0
+        for entry in active where entry.engine.downloads.jobs[entry.key]?.background == true { background += 1 }
+        while background < Self.backgroundAtOnce && queuedHead < queued.count {
+            let entry = queued[queuedHead]
+            queuedHead += 1
+            let board = entry.engine.downloads
+            board.examined += 1
+            guard let job = board.jobs[entry.key], job.id == entry.id, !job.scheduled, !job.done, job.error == nil else { continue }
+            board.jobs[entry.key]?.scheduled = true
+            active.append(entry)
+            if job.background { background += 1 }
+        }
+        if queuedHead >= 64 && queuedHead * 2 >= queued.count {
+            queued.removeFirst(queuedHead)
+            queuedHead = 0
+        }
     }
 
     /// There may be new work: hand each unit there is to an idle worker,
@@ -290,14 +362,17 @@ final class DownloadPool: @unchecked Sendable {
     /// The next unit of work, marked taken (the caller holds `monitor`).
     func next() -> Work? {
         active.removeAll { entry in
+            entry.engine.downloads.examined += 1
             guard let job = entry.engine.downloads.jobs[entry.key] else { return true }
             return job.id != entry.id || job.done || job.error != nil
         }
+        beginQueued()
         // 1. What readers wait for; finished downloads to install; held
         // chunks no stream needs any more, to write.
         let now = Date()
         for entry in active {
             let board = entry.engine.downloads
+            board.examined += 1
             guard var job = board.jobs[entry.key] else { continue }
             if !job.held.isEmpty || job.passed > 0, !entry.engine.holdsChunks(entry.key, job, now: now) {
                 for index in 0..<job.state.count where job.state[index] == .passed { job.state[index] = .missing }
@@ -338,11 +413,13 @@ final class DownloadPool: @unchecked Sendable {
         // fetches under way first: several share the pool), then of the
         // first background ones.
         var backgroundSeen = 0
+        for entry in active { entry.engine.downloads.examined += 1 }
         let foreground = active.filter { $0.engine.downloads.jobs[$0.key]?.background == false }
             .sorted { ($0.engine.downloads.jobs[$0.key]?.inFlight ?? 0) < ($1.engine.downloads.jobs[$1.key]?.inFlight ?? 0) }
         for background in [false, true] {
             for entry in background ? active : foreground {
                 let board = entry.engine.downloads
+                board.examined += 1
                 guard var job = board.jobs[entry.key], job.background == background else { continue }
                 if background {
                     backgroundSeen += 1
@@ -551,12 +628,13 @@ extension SyncEngine {
         let pool = DownloadPool.shared
         pool.monitor.lock()
         let stale = Date().addingTimeInterval(-600)
-        downloads.jobs = downloads.jobs.filter { !$0.value.done || $0.value.lastProgress > stale }
+        downloads.forgetFinished(before: stale)
         if var job = downloads.jobs[key], job.error == nil, !job.done {
             if (!background && job.background) || (keep && !job.keep) {
                 job.background = job.background && background
                 job.keep = job.keep || keep
                 downloads.jobs[key] = job
+                pool.schedule(DownloadPool.Entry(engine: self, key: key, id: job.id))
                 pool.wake()
             }
             pool.monitor.unlock()
@@ -593,6 +671,7 @@ extension SyncEngine {
             if keep && !other.keep {
                 other.keep = true
                 downloads.jobs[key] = other
+                pool.schedule(DownloadPool.Entry(engine: self, key: key, id: other.id))
                 pool.wake()
             }
             return partial
@@ -600,7 +679,7 @@ extension SyncEngine {
         job.id = pool.nextID
         pool.nextID += 1
         downloads.jobs[key] = job
-        pool.enqueue(DownloadPool.Entry(engine: self, key: key, id: job.id))
+        pool.enqueue(DownloadPool.Entry(engine: self, key: key, id: job.id), background: background && !keep)
         return partial
     }
 
@@ -650,6 +729,7 @@ extension SyncEngine {
                     job.waitingRanges.append((from, upTo))
                 }
                 downloads.jobs[key] = job
+                pool.schedule(DownloadPool.Entry(engine: self, key: key, id: job.id))
                 pool.wake()
             }
             if !waited {
@@ -746,7 +826,9 @@ extension SyncEngine {
         } else {
             // Kept (done) for a while: a reader of this version may still be
             // waiting for it even if a newer version replaced it meanwhile.
-            _ = jobsUpdate(key, id: id) { $0.done = true; $0.lastProgress = Date() }
+            if jobsUpdate(key, id: id, { $0.done = true; $0.lastProgress = Date() }) {
+                downloads.finished.append((key, id))
+            }
         }
         pool.monitor.broadcastProgress()
         pool.monitor.unlock()
