@@ -1,4 +1,5 @@
 import Foundation
+import Synchronization
 import UbiquityReplica
 import UbiquityStore
 #if canImport(Glibc)
@@ -459,11 +460,13 @@ final class DownloadPool: @unchecked Sendable {
     }
 
     /// The pool's mutex, with a condition for idle workers (signalled, one
-    /// per unit handed out) and one for waiting readers (broadcast).
+    /// per unit handed out), one for waiting readers (broadcast), and one
+    /// for installs waiting until no unit writes their partial file (broadcast).
     final class Monitor: @unchecked Sendable {
         private let mutex = UnsafeMutablePointer<pthread_mutex_t>.allocate(capacity: 1)
         private let work = UnsafeMutablePointer<pthread_cond_t>.allocate(capacity: 1)
         private let progress = UnsafeMutablePointer<pthread_cond_t>.allocate(capacity: 1)
+        private let quiet = UnsafeMutablePointer<pthread_cond_t>.allocate(capacity: 1)
 
         init() {
             pthread_mutex_init(mutex, nil)
@@ -472,10 +475,13 @@ final class DownloadPool: @unchecked Sendable {
             pthread_condattr_setclock(&attributes, CLOCK_MONOTONIC)
             pthread_cond_init(work, &attributes)
             pthread_cond_init(progress, &attributes)
+            pthread_cond_init(quiet, &attributes)
             pthread_condattr_destroy(&attributes)
         }
 
         deinit {
+            pthread_cond_destroy(quiet)
+            quiet.deallocate()
             pthread_cond_destroy(progress)
             pthread_cond_destroy(work)
             pthread_mutex_destroy(mutex)
@@ -488,6 +494,12 @@ final class DownloadPool: @unchecked Sendable {
         func unlock() { pthread_mutex_unlock(mutex) }
         func signalWorker() { pthread_cond_signal(work) }
         func broadcastProgress() { pthread_cond_broadcast(progress) }
+        func broadcastQuiet() { pthread_cond_broadcast(quiet) }
+
+        /// An install waits (holding the mutex) for a partial file's writers to finish, for at most `seconds`.
+        func waitForQuiet(seconds: Double) {
+            wait(on: quiet, seconds: seconds)
+        }
 
         /// An idle worker waits (holding the mutex) until signalled, or for at most `seconds`.
         func waitForWork(seconds: Double?) {
@@ -513,10 +525,31 @@ final class DownloadPool: @unchecked Sendable {
         }
     }
 
-    /// A unit is done with `partial` (the caller holds `monitor`).
+    /// A unit is done with `partial` (the caller holds `monitor`). The
+    /// last one wakes an install waiting for it (`waitUntilNobodyWrites`).
     func doneWriting(_ partial: String) {
         writers[partial, default: 1] -= 1
-        if writers[partial] == 0 { writers[partial] = nil }
+        if writers[partial] == 0 {
+            writers[partial] = nil
+            monitor.broadcastQuiet()
+        }
+    }
+
+    /// Wait until no unit writes `partial` (units of an earlier, failed
+    /// download of the same version may still be writing it), woken when
+    /// the last one finishes; an error if some still do after `seconds`:
+    /// the file is not installed under them (the caller does not hold `monitor`).
+    func waitUntilNobodyWrites(_ partial: String, seconds: Double) throws {
+        monitor.lock()
+        defer { monitor.unlock() }
+        let deadline = MonotonicClock.now() + UInt64(seconds * 1e9)
+        while let count = writers[partial] {
+            let now = MonotonicClock.now()
+            guard now < deadline else {
+                throw UbiquityError(EBUSY, "\(count) unit(s) of an earlier download still write \((partial as NSString).lastPathComponent) after \(Int(seconds)) s: not installed (tried again at the next start)")
+            }
+            monitor.waitForQuiet(seconds: Double(deadline - now) / 1e9)
+        }
     }
 
     private func take(_ index: Int, of job: inout DownloadBoard.Job, _ entry: Entry) -> DownloadBoard.Job {
@@ -531,6 +564,9 @@ final class DownloadPool: @unchecked Sendable {
 extension SyncEngine {
     /// Seconds a reader waits for a download that makes no progress.
     public static let stallTimeout: Double = 30
+    /// How long an install waits for units still writing its partial file
+    /// (tests shorten it).
+    static let installWaitMilliseconds = Atomic<Int>(60_000)
     /// Seconds a stream may go without reading before its download writes
     /// what it holds and goes on without it.
     static let idleStream: Double = 2
@@ -981,18 +1017,16 @@ extension SyncEngine {
     func install(_ job: DownloadBoard.Job, key: DownloadBoard.JobKey) throws {
         let ino = job.ino, hash = job.hash, partial = job.partial
         // Units of an earlier, failed download of this version may still be
-        // writing (the same verified bytes): not into the installed file.
-        for _ in 0..<6000 {
-            let pool = DownloadPool.shared
-            pool.monitor.lock()
-            let quiet = pool.writers[partial] == nil
-            pool.monitor.unlock()
-            if quiet { break }
-            Thread.sleep(forTimeInterval: 0.01)
-        }
+        // writing (the same verified bytes): never into the installed file.
+        // This job's own units are all done, and no new job of this version
+        // starts while this one is under way: once they are gone, nobody writes it.
+        try DownloadPool.shared.waitUntilNobodyWrites(partial, seconds: Double(Self.installWaitMilliseconds.load(ordering: .relaxed)) / 1000)
         let fd = try syscallRetrying("open \(partial)") { open(partial, O_RDWR | O_CREAT | O_CLOEXEC, 0o600) }
         defer { close(fd) }
         try syscallRetrying("truncate \(partial)") { ftruncate(fd, off_t(job.total)) }
+        // On disk before it takes the cache path: a power loss never leaves
+        // the installed file without the bytes that were verified.
+        try syscallRetrying("fdatasync \(partial)") { fdatasync(fd) }
         let installed = try replica.withNamespace { ns -> Bool in
             // A newer version may have arrived meanwhile: then this content is not it.
             guard let n = ns.node(ino), n.hash == hash, !n.hasContent else { return false }

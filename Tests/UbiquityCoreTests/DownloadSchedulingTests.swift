@@ -1,4 +1,5 @@
 import Foundation
+import Synchronization
 import Testing
 import UbiquityFS
 import UbiquityReplica
@@ -8,7 +9,8 @@ import UbiquityStore
 import Glibc
 #endif
 
-/// The download pool's bookkeeping: what starting many downloads costs.
+/// The download pool's bookkeeping: what starting many downloads costs, and
+/// an install that must wait for units still writing its partial file.
 @Suite struct DownloadSchedulingTests {
     /// A writes `count` small files (each different) in folder "many"; B
     /// (on `storeForB`) pulls them as placeholders. The folder's inode on B and the files'.
@@ -57,5 +59,56 @@ import Glibc
         #expect(work <= 20 * n, "starting \(n) downloads looked at \(work) jobs (\(work / n) a start)")
         for ino in files { b.engine.stopDownloads(ino: ino) }
         slow.slowFetches(by: nil)
+    }
+
+    /// An install waits for units of an earlier attempt still writing the
+    /// partial file, woken when they finish; if they do not finish in time
+    /// it fails (kept in status), never installs under them, and a later
+    /// download installs once they are done.
+    @Test func anInstallNeverHappensWhileAUnitStillWritesThePartialFile() throws {
+        let store = InMemoryStore()
+        let (a, b, _, files) = try placeholders(1, store, store)
+        defer { a.cleanUp(); b.cleanUp() }
+        let ino = files[0]
+        let hash = b.replica.withNamespace { $0.node(ino)!.hash! }
+        let partial = b.replica.cachePath(ino) + "." + String(hash.prefix(16)) + ".part"
+        let pool = DownloadPool.shared
+        // A straggler of an earlier attempt writes the partial file.
+        pool.monitor.lock()
+        pool.writers[partial, default: 0] += 1
+        pool.monitor.unlock()
+        let saved = SyncEngine.installWaitMilliseconds.load(ordering: .relaxed)
+        SyncEngine.installWaitMilliseconds.store(1000, ordering: .relaxed)
+        defer { SyncEngine.installWaitMilliseconds.store(saved, ordering: .relaxed) }
+
+        let outcome = Mutex<Result<Void, any Error>?>(nil)
+        let engine = b.engine
+        Thread.detachNewThread {
+            let result = Result { try engine.download(ino: ino) }
+            outcome.withLock { $0 = result }
+        }
+        // Longer than the install waits: the straggler still writes throughout.
+        let deadline = Date().addingTimeInterval(4)
+        var installedUnderAWriter = false
+        while Date() < deadline {
+            if b.replica.withNamespace({ !$0.node(ino)!.isPlaceholder }) { installedUnderAWriter = true; break }
+            Thread.sleep(forTimeInterval: 0.05)
+        }
+        #expect(!installedUnderAWriter, "installed while a unit still wrote the partial file")
+        let failed = outcome.withLock { result -> Bool in
+            if case .failure? = result { return true }
+            return false
+        }
+        #expect(failed, "the download did not fail while a unit still wrote its partial file")
+        #expect(b.engine.currentStatus.recentErrors.contains { $0.message.contains("still writ") },
+                "status does not say why: \(b.engine.currentStatus.recentErrors)")
+
+        // The straggler finishes: the next try installs.
+        pool.monitor.lock()
+        pool.doneWriting(partial)
+        pool.monitor.unlock()
+        try b.engine.download(ino: ino)
+        #expect(b.replica.withNamespace { !$0.node(ino)!.isPlaceholder })
+        #expect(try b.read("many/f0") == "content of file 0\n")
     }
 }
