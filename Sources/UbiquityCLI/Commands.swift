@@ -115,21 +115,23 @@ struct Mount: ParsableCommand {
         }
         // Check what can be checked before starting a daemon, for a clear message.
         _ = try Daemon.validateMountpoint(request.mountpoint)
-        // One `mount` at a time finds or starts the store's daemon.
+        let what = container.map { "\($0)\(scope.map { " (\($0.rawValue) scope)" } ?? "")" } ?? "the drive"
+        let from = settings.store.map { " from \($0.description)" } ?? ""
+        func joined(_ ready: MountReady) {
+            if explicitStore != nil { RememberedStores.remember(explicitStore, for: request.mountpoint) }
+            reportCreated(ready.created)
+            print("Mounted \(what)\(from) at \(request.mountpoint) (daemon pid \(ready.pid))")
+        }
+        // A running daemon takes mounts side by side (a slow one does not hold up the others).
+        if let ready = try join(request, socket: socket) { return joined(ready) }
+        // None runs: one `mount` at a time starts it (the others then join it).
         let lockPath = locations.daemonLock(store: storeKey).path
         try locations.prepareRuntimeDirectory()
         let lock = open(lockPath, O_RDWR | O_CREAT | O_CLOEXEC, 0o600)
         guard lock >= 0 else { throw UbiquityError.posix("open \(lockPath)") }
         defer { close(lock) }
         while flock(lock, LOCK_EX) != 0 && errno == EINTR {}
-        let what = container.map { "\($0)\(scope.map { " (\($0.rawValue) scope)" } ?? "")" } ?? "the drive"
-        let from = settings.store.map { " from \($0.description)" } ?? ""
-        if let ready = try join(request, socket: socket) {
-            if explicitStore != nil { RememberedStores.remember(explicitStore, for: request.mountpoint) }
-            reportCreated(ready.created)
-            print("Mounted \(what)\(from) at \(request.mountpoint) (daemon pid \(ready.pid))")
-            return
-        }
+        if let ready = try join(request, socket: socket) { return joined(ready) }
         let (pid, message) = try spawnDaemon(request, settings)
         guard message.hasPrefix("ready") else {
             throw UbiquityError(EIO, message.hasPrefix("error ") ? String(message.dropFirst(6)) : message)

@@ -52,8 +52,10 @@ package struct DaemonSettings: Sendable {
 /// Threads: each mount's FUSE loop has its own (`MountHost.serve`); one
 /// thread turns SIGTERM/SIGINT/SIGHUP into stopping every mount; one
 /// refreshes the drives' folders from the store's container list.
-/// Lock order: `opening` (held while a container opens or closes) before
-/// `state`; neither is held while serving a request.
+/// Lock order: a container's `opening` lock (held while that container
+/// opens or closes: its catch-up pull, its drain) before `state`; neither is
+/// held while serving a request, and one container opening or closing never
+/// holds up another's.
 package final class Daemon: @unchecked Sendable {
     static let defaultContainer = "com.ubiquityfs.default"
 
@@ -79,7 +81,22 @@ package final class Daemon: @unchecked Sendable {
         var stopping = false
     }
     let state = Mutex(State())
-    let opening = Mutex(())
+    /// One lock per container ID, for opening and closing it.
+    let openingLocks = Mutex<[String: OpeningLock]>([:])
+    final class OpeningLock: Sendable {
+        let mutex = Mutex(())
+    }
+
+    /// Run `body` holding container `id`'s opening lock.
+    func opening<T>(_ id: String, _ body: () throws -> T) rethrows -> T {
+        let lock = openingLocks.withLock { locks in
+            if let lock = locks[id] { return lock }
+            let lock = OpeningLock()
+            locks[id] = lock
+            return lock
+        }
+        return try lock.mutex.withLock { _ in try body() }
+    }
     /// The store's containers as last seen (`containerConfigs`), loaded from disk once.
     let lastSeenConfigs = Mutex<[String: ContainerConfig]?>(nil)
     /// Containers this daemon created because a mount named them (reported to that `mount`).
@@ -350,7 +367,7 @@ package final class Daemon: @unchecked Sendable {
     /// no mount uses it yet; counts one more user. `create`: a container the
     /// store does not have is created (named after its ID).
     func openContainer(_ id: String, create: Bool) throws -> ContainerHost {
-        try opening.withLock { _ in
+        try opening(id) {
             if let host = state.withLock({ $0.containers[id] }) {
                 host.users.withLock { $0 += 1 }
                 return host
@@ -400,8 +417,8 @@ package final class Daemon: @unchecked Sendable {
     /// once works). With `drain`, everything pending is pushed first.
     func release(_ hosts: [ContainerHost], drain: ((Int, UInt64) -> Void)?) throws {
         var failure: (any Error)?
-        opening.withLock { _ in
-            for host in hosts {
+        for host in hosts {
+            opening(host.id) {
                 let unused = host.users.withLock { users -> Bool in
                     users -= 1
                     return users <= 0
@@ -414,7 +431,11 @@ package final class Daemon: @unchecked Sendable {
                     do { _ = try host.engine.drain(progress: drain) } catch { failure = failure ?? error }
                 }
                 if unused {
-                    try? host.replica.commitAndCheckpoint()
+                    do {
+                        try host.replica.commitAndCheckpoint()
+                    } catch {
+                        logger.error("\(host.id): the index could not take everything at close (\(error)); the operation log keeps it, and the next mount replays it")
+                    }
                     let pending = host.replica.withNamespace { ns in ns.pendingSummary() }
                     logger.info("\(host.id) closed; \(counted(pending.items, "item")) (\(pending.bytes) bytes) left in the queue for the next mount")
                     host.replica.releaseLock()
@@ -505,18 +526,29 @@ package final class Daemon: @unchecked Sendable {
 
     /// The slot of a container in this device's drives (inode numbers
     /// `slot << 48 | n`), kept in `drive-slots.json` beside the replicas so
-    /// that numbers stay the same across remounts.
+    /// that numbers stay the same across remounts. A file that cannot be
+    /// read or written is logged: the slots then hold for this daemon only
+    /// (a remount may number a folder's items differently).
+    /// `driveSlots` is a leaf, held across the file's read and write.
     func driveSlot(_ container: String) -> Int {
         driveSlots.withLock { slots in
             let file = locations.dataHome.appendingPathComponent("replicas").appendingPathComponent(store.storeID)
                 .appendingPathComponent("drive-slots.json")
             if slots.isEmpty, let data = FileManager.default.contents(atPath: file.path) {
-                slots = (try? JSONDecoder().decode([String: Int].self, from: data)) ?? [:]
+                do {
+                    slots = try JSONDecoder().decode([String: Int].self, from: data)
+                } catch {
+                    logger.error("\(file.path) is damaged (\(error)); the drive's folders are numbered afresh")
+                }
             }
             if let slot = slots[container] { return slot }
             let slot = (slots.values.max() ?? 0) + 1
             slots[container] = slot
-            if let data = try? JSONEncoder().encode(slots) { try? data.write(to: file, options: .atomic) }
+            do {
+                try JSONEncoder().encode(slots).write(to: file, options: .atomic)
+            } catch {
+                logger.error("cannot record the drive's folder numbers in \(file.path): \(error)")
+            }
             return slot
         }
     }
@@ -530,14 +562,16 @@ package final class Daemon: @unchecked Sendable {
         }
     }
 
-    /// `UBIQUITYFS_FAULTS=fetch-delay=SECONDS` makes every blob fetch slow —
-    /// for tests of streaming placeholder reads on a real mount, never set otherwise.
+    /// `UBIQUITYFS_FAULTS=fetch-delay=SECONDS` makes every blob fetch slow,
+    /// `journal-delay=SECONDS` every journal read — for tests of streaming
+    /// placeholder reads and of slow pulls on a real mount, never set otherwise.
     static func withInjectedFaults(_ store: any Store) -> any Store {
         guard let spec = ProcessInfo.processInfo.environment["UBIQUITYFS_FAULTS"], !spec.isEmpty else { return store }
         let faulty = FaultyStore(store)
         for item in spec.split(separator: ",") {
             let parts = item.split(separator: "=", maxSplits: 1).map(String.init)
             if parts.count == 2, parts[0] == "fetch-delay", let seconds = Double(parts[1]) { faulty.slowFetches(by: seconds) }
+            if parts.count == 2, parts[0] == "journal-delay", let seconds = Double(parts[1]) { faulty.slowJournalReads(by: seconds) }
         }
         return faulty
     }

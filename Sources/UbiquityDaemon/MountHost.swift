@@ -128,6 +128,14 @@ final class MountHost: @unchecked Sendable {
         }
         for host in hosts { host.removeViewer(session) }
         session.close()
+        // What the kernel still held (it sends no forgets once detached) is given back.
+        let release = session.fileSystem.releaseKernelReferences()
+        if release.excessForgets > 0 {
+            logger.error("\(mountpoint): the kernel forgot more references than it was given, \(release.excessForgets) times (ignored)")
+        }
+        if release.held > 0 {
+            logger.info("\(mountpoint): the kernel still held \(release.held) nodes at the end; \(release.dropped) deleted ones dropped")
+        }
         control?.stop()
         MountRecord.remove(daemon.locations, mountpoint: mountpoint, pid: getpid())
         let waiter = unmountWaiter.withLock { $0 }

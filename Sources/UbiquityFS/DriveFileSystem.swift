@@ -75,9 +75,12 @@ public final class DriveFileSystem: MountedFileSystem {
         for folder in folders where known[folder.containerID] == nil {
             if let fs = fileSystem(folder.containerID) { made[folder.containerID] = fs }
         }
+        // The daemon's slot file is read and written with no lock of this table held.
+        let remembered = made.keys.sorted().map { ($0, slotFor($0)) }
         table.withLock { t in
-            for (id, fs) in made.sorted(by: { $0.key < $1.key }) {
-                var slot = slotFor(id)
+            for (id, remembered) in remembered {
+                guard let fs = made[id] else { continue }
+                var slot = remembered
                 if slot < 1 || slot > Self.maxSlot || t.slots[slot] != nil { slot = (t.slots.keys.max() ?? 0) + 1 }
                 t.slots[slot] = fs
                 t.slotByContainer[id] = slot
@@ -179,6 +182,12 @@ public final class DriveFileSystem: MountedFileSystem {
     public func forget(ino: UInt64, count: UInt64) {
         guard let (fs, local, _) = try? route(ino) else { return }
         fs.forget(ino: local, count: count)
+    }
+
+    /// Every container this drive showed, shown still or not (its kernel may hold their nodes).
+    public func releaseKernelReferences() -> KernelRelease {
+        let shown = table.withLock { Array($0.slots.values) }
+        return shown.reduce(home.releaseKernelReferences()) { $0 + $1.releaseKernelReferences() }
     }
 
     public func getattr(ino: UInt64) throws -> Attributes {

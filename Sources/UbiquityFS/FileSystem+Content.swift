@@ -583,7 +583,7 @@ extension FileSystem {
                       !(dirIno == view.root && item.name == view.hidden) else { continue }
                 var entry: EntryReply?
                 if plus {
-                    ns.updateRuntime(item.ino) { $0.lookups += 1 }
+                    kernel.hold(item.ino, in: &ns)
                     entry = entryReply(node)
                 }
                 out.append(DirectoryEntry(name: item.name, ino: view.swap(item.ino), type: node.kind.typeBits,

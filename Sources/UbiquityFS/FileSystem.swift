@@ -42,6 +42,8 @@ public final class FileSystem: Sendable {
     /// Taken only under the namespace lock, and nothing is taken under it.
     let passthrough = Mutex<[UInt64: PassthroughInode]>([:])
     let siblingPrefetch = SiblingPrefetch()
+    /// What the kernel of the mount showing this view holds.
+    let kernel = KernelReferences()
 
     public init(replica: Replica, hooks: any SyncHooks, options: FileSystemOptions = FileSystemOptions()) {
         self.replica = replica
@@ -141,7 +143,7 @@ public final class FileSystem: Sendable {
             guard dir.kind == .directory else { throw UbiquityError(ENOTDIR) }
             guard let ino = ns.lookup(parent, name), let node = ns.node(ino),
                   !(parent == view.root && name == view.hidden) else { throw UbiquityError(ENOENT) }
-            ns.updateRuntime(ino) { $0.lookups += 1 }
+            kernel.hold(ino, in: &ns)
             return entryReply(node)
         }
     }
@@ -156,7 +158,7 @@ public final class FileSystem: Sendable {
     public func rootEntry() throws -> EntryReply {
         try replica.withNamespace { ns in
             guard let node = ns.node(view.root) else { throw UbiquityError(ENOENT) }
-            ns.updateRuntime(view.root) { $0.lookups += 1 }
+            kernel.hold(view.root, in: &ns)
             return entryReply(node)
         }
     }
@@ -185,24 +187,28 @@ public final class FileSystem: Sendable {
         }
     }
 
-    /// The kernel forgets `count` references to `ino`.
     public func entry(ino: UInt64) throws -> EntryReply {
         let ino = view.swap(ino)
         return try replica.withNamespace { ns in
             guard let node = ns.node(ino) else { throw UbiquityError(ENOENT) }
-            ns.updateRuntime(ino) { $0.lookups += 1 }
+            kernel.hold(ino, in: &ns)
             return entryReply(node)
         }
     }
 
+    /// The kernel forgets `count` references to `ino`.
     public func forget(ino: UInt64, count: UInt64) {
         let ino = view.swap(ino)
-        let dropped = replica.withNamespace { ns -> Bool in
-            guard let node = ns.node(ino) else { return false }
-            ns.updateRuntime(ino) { $0.lookups = node.lookups >= count ? node.lookups - count : 0 }
-            return ns.dropIfUnreferenced(ino)
-        }
+        let dropped = replica.withNamespace { ns in kernel.forget(ino, count: count, in: &ns) }
         if dropped { replica.removeCacheFile(ino) }
+    }
+
+    /// The mount's session ended: give back what its kernel still held (see
+    /// `KernelReferences`). Nothing may reach this view afterwards.
+    public func releaseKernelReferences() -> KernelRelease {
+        let (dropped, held, excess) = replica.withNamespace { ns in kernel.releaseAll(in: &ns) }
+        for ino in dropped { replica.removeCacheFile(ino) }
+        return KernelRelease(held: held, dropped: dropped.count, excessForgets: excess)
     }
 
     public func getattr(ino: UInt64) throws -> Attributes {
@@ -380,7 +386,6 @@ public final class FileSystem: Sendable {
                 if kind == .file { ns.beginContentChange(ino, monotonic: MonotonicClock.now()) }
                 ns.linkEntry(parent, name, ino)
                 ns.update(parent) { $0.mtime = now; $0.ctime = now }
-                ns.updateRuntime(ino) { $0.lookups += 1 }
                 return ns.node(ino)!
             }
         } catch {
@@ -390,6 +395,8 @@ public final class FileSystem: Sendable {
             }
             throw error
         }
+        // The kernel's reference, once the node is recorded (a refused change leaves none).
+        replica.withNamespace { ns in kernel.hold(node.ino, in: &ns) }
         return (node, fd)
     }
 
@@ -442,9 +449,9 @@ public final class FileSystem: Sendable {
             ns.linkEntry(newParent, newName, ino)
             ns.update(ino) { $0.ctime = now }
             ns.update(newParent) { $0.mtime = now; $0.ctime = now }
-            ns.updateRuntime(ino) { $0.lookups += 1 }
             return ns.node(ino)!
         }
+        replica.withNamespace { ns in kernel.hold(ino, in: &ns) }
         return entryReply(node)
     }
 

@@ -47,6 +47,28 @@ public protocol MountedFileSystem: AnyObject, Sendable {
     func removexattr(ino: UInt64, name: String) throws
 
     func statfs() throws -> FilesystemStatistics
+
+    /// The session ended: give back what the kernel still held.
+    func releaseKernelReferences() -> KernelRelease
+}
+
+/// What a mount's kernel still held when its session ended.
+public struct KernelRelease: Sendable {
+    /// Nodes it held, and of those, unlinked ones dropped as a result.
+    public var held = 0
+    public var dropped = 0
+    /// Forgets beyond the references it was given.
+    public var excessForgets = 0
+
+    public init(held: Int = 0, dropped: Int = 0, excessForgets: Int = 0) {
+        self.held = held
+        self.dropped = dropped
+        self.excessForgets = excessForgets
+    }
+
+    static func + (a: KernelRelease, b: KernelRelease) -> KernelRelease {
+        KernelRelease(held: a.held + b.held, dropped: a.dropped + b.dropped, excessForgets: a.excessForgets + b.excessForgets)
+    }
 }
 
 extension FileSystem: MountedFileSystem {}

@@ -156,6 +156,7 @@ public final class FaultyStore: Store, CustomStringConvertible {
     let base: any Store
     let failing = Mutex<Set<Operation>>([])
     let delay = Mutex<Double?>(nil)
+    let journalDelay = Mutex<Double?>(nil)
     let blobLimit = Mutex<Int?>(nil)
     public var storeID: String { base.storeID }
     public var downloadConcurrency: Int { base.downloadConcurrency }
@@ -182,6 +183,7 @@ public final class FaultyStore: Store, CustomStringConvertible {
     }
     public func journal(container: String, after seq: UInt64, limit: Int) throws -> [JournalRecord] {
         try check(.journal)
+        if let delay = journalDelay.withLock({ $0 }) { Thread.sleep(forTimeInterval: delay) }
         return try base.journal(container: container, after: seq, limit: limit)
     }
     public func snapshots(container: String) throws -> [UInt64] {
@@ -225,4 +227,6 @@ public final class FaultyStore: Store, CustomStringConvertible {
 
     /// Make every blob fetch take this long (a slow store), or nil.
     public func slowFetches(by seconds: Double?) { delay.withLock { $0 = seconds } }
+    /// Make every journal read take `seconds` longer (a slow store under a pull).
+    public func slowJournalReads(by seconds: Double?) { journalDelay.withLock { $0 = seconds } }
 }

@@ -150,3 +150,73 @@ def test_query_over_a_mount_and_its_watch(make_device):
     finally:
         watch.terminate()
         watch.wait(10)
+
+
+def test_a_mount_that_ends_gives_back_its_kernels_references(store, make_device):
+    """Two mounts of one container on one device (a Data mount and a whole
+    mount): what the kernel of the one that ends still held is given back,
+    so a file deleted afterwards through the other is dropped with its local
+    copy — not kept until the container closes."""
+    from test_sync import eventually, wait_pushed
+    made = container(store, "create", CONTAINER, "--name", "Notes")
+    assert made.returncode == 0, made.stderr
+    whole = scoped(make_device, "a", "all")
+    data = make_device("a", mount=False, container=CONTAINER, data_home=whole.data_home)
+    data.mount_args = ("--scope", "data")
+    data.mount()
+    size = 123_457
+    (whole.mountpoint / "kept.bin").write_bytes(os.urandom(size))
+    wait_pushed(whole)
+    # The data mount's kernel looks the file up; a program keeps that mount
+    # busy, so `unmount --force` detaches it lazily: the kernel forgets
+    # nothing before the session ends.
+    assert os.stat(data.mountpoint / "kept.bin").st_size == size
+    holder = subprocess.Popen(["sleep", "60"], cwd=data.mountpoint)
+    try:
+        data.unmount(force=True)
+    finally:
+        holder.kill()
+        holder.wait()
+    replicas = whole.data_home / "ubiquityfs" / "replicas"
+    assert [p for p in replicas.rglob("*") if "cache" in p.parts and p.is_file() and p.stat().st_size == size], \
+        "the check below cannot see local copies"
+    (whole.mountpoint / "kept.bin").unlink()
+    wait_pushed(whole)
+
+    def local_copy_gone():
+        copies = [p for p in replicas.rglob("*") if "cache" in p.parts and p.is_file() and p.stat().st_size == size]
+        assert not copies, f"the deleted file's local copy is kept: {copies}"
+
+    eventually(local_copy_gone, timeout=15, what="the deleted file's local copy removed")
+
+
+def test_a_slow_container_open_does_not_hold_up_other_mounts(store, make_device):
+    """A container whose catch-up pull is slow (every journal read takes 8 s
+    here) opens without holding up a mount of a container that is open
+    already: each container opens and closes under its own lock (before,
+    the second mount waited for the whole slow open)."""
+    import threading
+    import time
+    for container_id in (CONTAINER, "com.example.slow"):
+        made = container(store, "create", container_id, "--name", container_id)
+        assert made.returncode == 0, made.stderr
+    first = make_device("a", mount=False, container=CONTAINER)
+    first.mount_args = ("--scope", "all")
+    first.mount_env = {"UBIQUITYFS_FAULTS": "journal-delay=8"}
+    first.mount()
+    slow = make_device("a", mount=False, container="com.example.slow", data_home=first.data_home)
+    slow.mount_args = ("--scope", "all")
+    opening = threading.Thread(target=slow.mount)
+    opening.start()
+    try:
+        time.sleep(1)   # the slow container's catch-up pull is under way
+        again = make_device("a", mount=False, container=CONTAINER, data_home=first.data_home)
+        again.mount_args = ("--scope", "documents")
+        start = time.monotonic()
+        again.mount()
+        took = time.monotonic() - start
+        assert opening.is_alive(), "the slow container opened too fast for this test to mean anything"
+        assert took < 4, f"mounting an open container waited {took:.1f}s for another container's open"
+    finally:
+        opening.join(60)
+    assert slow.is_mounted()

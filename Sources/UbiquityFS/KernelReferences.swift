@@ -1,0 +1,69 @@
+import Synchronization
+import UbiquityReplica
+
+/// The references one kernel holds on a container's nodes through one view
+/// (a mount of the container, or its folder in a drive): what that kernel
+/// looked up and has not forgotten. A node's `lookups` in the replica is
+/// the sum over every kernel viewing the container (what keeps an unlinked
+/// node and its local copy); this table is one kernel's share, so that
+///
+/// - a session that ends gives back exactly what its kernel still held
+///   (a kernel detached lazily, or whose daemon stopped serving it, never
+///   sends those forgets), and an unlinked node the others do not hold is
+///   dropped then, with its local copy;
+/// - a kernel forgetting more than it was given is caught (counted, and
+///   logged by the mount at its end) instead of taking another kernel's
+///   references.
+///
+/// Lock order: taken inside the namespace lock (each change of a count and
+/// of the node's sum is one step under it); a leaf.
+final class KernelReferences: Sendable {
+    struct State {
+        var counts: [UInt64: UInt64] = [:]
+        /// Forgets beyond what this kernel held (a kernel or adapter bug).
+        var excessForgets = 0
+        var released = false
+    }
+    let state = Mutex(State())
+
+    /// The kernel got a reference to `ino` (a lookup, create, readdirplus…).
+    func hold(_ ino: UInt64, in ns: inout Namespace) {
+        let counted = state.withLock { s -> Bool in
+            guard !s.released else { return false }
+            s.counts[ino, default: 0] += 1
+            return true
+        }
+        if counted { ns.updateRuntime(ino) { $0.lookups += 1 } }
+    }
+
+    /// The kernel forgot `count` references to `ino`; true if the node was
+    /// dropped (unlinked, and nothing holds it any more).
+    func forget(_ ino: UInt64, count: UInt64, in ns: inout Namespace) -> Bool {
+        let given = state.withLock { s -> UInt64 in
+            let held = s.counts[ino] ?? 0
+            let given = min(held, count)
+            if count > held { s.excessForgets += 1 }
+            if held - given == 0 { s.counts[ino] = nil } else { s.counts[ino] = held - given }
+            return given
+        }
+        guard given > 0 else { return false }
+        ns.updateRuntime(ino) { $0.lookups = $0.lookups >= given ? $0.lookups - given : 0 }
+        return ns.dropIfUnreferenced(ino)
+    }
+
+    /// The session ended: give back everything still held. Returns the nodes
+    /// dropped (their local copies to remove), how many nodes were still
+    /// held, and the excess forgets seen.
+    func releaseAll(in ns: inout Namespace) -> (dropped: [UInt64], held: Int, excessForgets: Int) {
+        let (counts, excess) = state.withLock { s -> ([UInt64: UInt64], Int) in
+            defer { s.counts = [:]; s.released = true }
+            return (s.counts, s.excessForgets)
+        }
+        var dropped: [UInt64] = []
+        for (ino, count) in counts {
+            ns.updateRuntime(ino) { $0.lookups = $0.lookups >= count ? $0.lookups - count : 0 }
+            if ns.dropIfUnreferenced(ino) { dropped.append(ino) }
+        }
+        return (dropped, counts.count, excess)
+    }
+}
