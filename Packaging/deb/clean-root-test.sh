@@ -49,6 +49,7 @@ unshare --mount --propagation private bash -euo pipefail -c '
     man -w ubiquityfs-mount 2>/dev/null || echo \"clean-root-test: (man-db is not in a minimal root; pages are in /usr/share/man)\"
     files=\$(dpkg -L ubiquityfs)
     apt-get purge -y -qq ubiquityfs >/dev/null
+    apt-get autoremove --purge -y -qq >/dev/null   # its dependencies too: the next run starts clean
     left=\$(for f in \$files; do [ -d \"\$f\" ] || [ ! -e \"\$f\" -a ! -L \"\$f\" ] || echo \"\$f\"; done)
     [ -z \"\$left\" ] || { echo \"clean-root-test: left after purge: \$left\"; exit 1; }
     echo \"clean-root-test: purged; none of its \$(echo \"\$files\" | wc -w) paths left; the data stays: \$(ls /root/.local/share/ubiquityfs | tr \"\\n\" \" \")\"
