@@ -2,6 +2,7 @@
 # The package under a real systemd: boots a debootstrapped Debian 12 (systemd as
 # PID 1) with systemd-nspawn, with the package installed, and checks there
 #   - an fstab line with setuid=alice is mounted at boot, as alice; umount waits for the pushes;
+#   - a `user,noauto` line: alice's own `mount DIR` and `umount DIR`;
 #   - an fstab line with x-systemd.automount mounts on first access (where systemd
 #     supports automount: not in a container, where it says so and the check is skipped);
 #   - the user unit: systemctl --user enable --now ubiquityfs (lingering user) mounts
@@ -29,10 +30,11 @@ fi
 cp "$deb" "$root/tmp/ubiquityfs.deb"
 cp /etc/resolv.conf "$root/etc/resolv.conf"
 in_root sh -c 'apt-get install -y -qq /tmp/ubiquityfs.deb >/dev/null'
-in_root sh -c 'id alice >/dev/null 2>&1 || useradd -m -s /bin/bash alice; mkdir -p /home/alice/Drive /home/alice/Cloud /mnt/cloud; chown alice: /home/alice/Drive /home/alice/Cloud'
+in_root sh -c 'id alice >/dev/null 2>&1 || useradd -m -s /bin/bash alice; mkdir -p /home/alice/Drive /home/alice/Cloud /home/alice/Own /mnt/cloud; chown alice: /home/alice/Drive /home/alice/Cloud /home/alice/Own'
 cat > "$root/etc/fstab" <<'EOF'
 default  /home/alice/Drive  fuse.ubiquityfs  setuid=alice,device-name=boot,nofail  0 0
 default  /mnt/cloud         fuse.ubiquityfs  x-systemd.automount,nofail  0 0
+default  /home/alice/Own    fuse.ubiquityfs  user,noauto,container=com.example.own  0 0
 EOF
 cat > "$root/root/ubq-test.sh" <<'EOF'
 #!/bin/bash
@@ -44,6 +46,12 @@ check "mounted at boot" "findmnt -n -o FSTYPE /home/alice/Drive | grep -qx fuse.
 check "as alice" "findmnt -n -o FS-OPTIONS /home/alice/Drive | grep -q user_id=$(id -u alice)"
 runuser -u alice -- sh -c 'echo at-boot > /home/alice/Drive/boot.txt'
 check "umount waits for the pushes" "umount /home/alice/Drive | grep -q 'every change is in the store'"
+echo "== a user line (user,noauto): alice mounts and unmounts it herself"
+runuser -u alice -- mount /home/alice/Own
+check "alice's mount(8) mounted it" "findmnt -n -o FSTYPE /home/alice/Own | grep -qx fuse.ubiquityfs"
+check "as alice, the container" "findmnt -n -o FS-OPTIONS /home/alice/Own | grep -q user_id=$(id -u alice) && runuser -u alice -- ubiquityfs status /home/alice/Own | grep -q com.example.own"
+runuser -u alice -- sh -c 'echo mine > /home/alice/Own/o.txt'
+check "alice's umount waits for the pushes" "runuser -u alice -- umount /home/alice/Own | grep -q 'every change is in the store'"
 echo "== automount"
 if systemctl status --no-pager mnt-cloud.automount 2>&1 | grep -q "Active: active"; then
   ls /mnt/cloud >/dev/null
