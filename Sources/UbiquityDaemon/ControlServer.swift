@@ -106,13 +106,29 @@ final class ControlServer: Sendable {
 /// One client of a control socket: its request, then the lines of its answer.
 final class ControlConnection: Sendable {
     let fd: Int32
-    let closed = Mutex(false)
+    /// Whether the connection is closed, and whether a send uses `fd` now
+    /// (then that send closes it when it returns). Never held across a
+    /// system call that may block.
+    private let state = Mutex(State())
+    struct State {
+        var closed = false
+        var sending = false
+    }
+    /// Keeps whole lines whole: held across a send, never taken by `close`.
+    private let sendLock = Mutex(())
     /// Set when another thread answers later (the unmount waiter): `close()` leaves it open.
     let heldOpen = Mutex(false)
+    /// A client that reads nothing for this long is dropped (a `watch`
+    /// that stopped reading): a send never blocks longer.
+    static let sendTimeoutSeconds: Double = 10
 
     func keepOpen() { heldOpen.withLock { $0 = true } }
 
-    init(fd: Int32) { self.fd = fd }
+    init(fd: Int32, sendTimeout: Double = ControlConnection.sendTimeoutSeconds) {
+        self.fd = fd
+        var timeout = timeval(tv_sec: Int(sendTimeout), tv_usec: Int((sendTimeout - sendTimeout.rounded(.down)) * 1e6))
+        setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
+    }
 
     /// Read and decode the request line. What is not a request of this
     /// protocol is answered with an error here, and nil returned.
@@ -197,21 +213,37 @@ final class ControlConnection: Sendable {
     }
 
     /// Send text that already is JSON lines (without the final newline).
+    /// False if the client went away, or read nothing for
+    /// `sendTimeoutSeconds`: then it is dropped (the socket shut down; a
+    /// reader of it sees the end). `close` does not wait for a send: it
+    /// shuts the socket down, which ends the send at once.
     @discardableResult
     func sendRaw(_ data: Data) -> Bool {
-        closed.withLock { isClosed in
-            guard !isClosed else { return false }
+        sendLock.withLock { _ in
+            let open = state.withLock { s -> Bool in
+                guard !s.closed else { return false }
+                s.sending = true
+                return true
+            }
+            guard open else { return false }
             var line = data
             line.append(0x0a)
-            return line.withUnsafeBytes { raw in
+            let sent = line.withUnsafeBytes { raw -> Bool in
                 var sent = 0
                 while sent < raw.count {
                     let n = Glibc.send(fd, raw.baseAddress! + sent, raw.count - sent, Int32(MSG_NOSIGNAL))
+                    if n < 0 && errno == EINTR { continue }
                     if n <= 0 { return false }
                     sent += n
                 }
                 return true
             }
+            state.withLock { s in
+                s.sending = false
+                if !sent && !s.closed { shutdown(fd, Int32(SHUT_RDWR)) }   // half a line went out: nothing more can follow
+                if s.closed { Glibc.close(fd) }   // `close` came meanwhile and left the descriptor to this send
+            }
+            return sent
         }
     }
 
@@ -258,9 +290,16 @@ final class ControlConnection: Sendable {
 
     func close(force: Bool = false) {
         if !force && heldOpen.withLock({ $0 }) { return }
-        closed.withLock { isClosed in
-            if !isClosed { Glibc.close(fd) }
-            isClosed = true
+        state.withLock { s in
+            guard !s.closed else { return }
+            s.closed = true
+            if s.sending {
+                // A send blocked on a client that does not read returns at
+                // once, and closes the descriptor itself.
+                shutdown(fd, Int32(SHUT_RDWR))
+            } else {
+                Glibc.close(fd)
+            }
         }
     }
 }
