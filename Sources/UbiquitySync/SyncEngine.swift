@@ -435,7 +435,19 @@ public final class SyncEngine: Sendable {
     /// Content under `PackLayout.memberLimit` goes to `packer` (when given)
     /// unless the store holds it already, or this device knows it is packed.
     func uploadContent(ino: UInt64, generation: UInt64, packer: PackWriter? = nil) throws -> ContentSnapshot? {
-        guard let source = try? CacheFileReader(path: replica.cachePath(ino)) else { return nil }
+        let source: CacheFileReader
+        do {
+            source = try CacheFileReader(path: replica.cachePath(ino))
+        } catch {
+            // Gone with a change (the file deleted, its content replaced): the
+            // next round has a new generation. Otherwise this file's upload
+            // fails, with back-off, in the status and the log.
+            let unchanged = replica.withNamespace { ns in
+                ns.node(ino).map { $0.contentGeneration == generation && $0.hasContent && !$0.unlinked } ?? false
+            }
+            guard unchanged else { return nil }
+            throw error
+        }
         defer { source.close() }
         let chunkSize = ContentLayout.chunkSize
         func stillUnchanged() -> Bool {

@@ -1,0 +1,44 @@
+"""Failures that used to be swallowed reach `ubiquityfs status` (issue #41, bug 9).
+
+A push that cannot open a file's cache file said nothing and tried again
+every round, for ever: now the file is a failing upload, and the error is
+in the status's "Recent errors" (and the daemon's log).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+from conftest import wait_until
+
+pytestmark = pytest.mark.daemon
+
+
+def test_a_push_that_cannot_open_the_cache_file_shows_in_status(make_device):
+    dev = make_device("a")
+    content = b"unique content %d\n" % time.time_ns()
+    path = dev.mountpoint / "doc.txt"
+    # Open for writing: nothing is pushed before the last writer closes.
+    with open(path, "wb") as f:
+        f.write(content)
+        f.flush()
+        os.fsync(f.fileno())
+        # The cache file goes from under the daemon (a disk error, an rm in the data home).
+        cached = [os.path.join(root, name) for root, _, names in os.walk(dev.data_home)
+                  for name in names if "/cache/" in os.path.join(root, name)
+                  and os.path.getsize(os.path.join(root, name)) == len(content)
+                  and open(os.path.join(root, name), "rb").read() == content]
+        assert len(cached) == 1, f"the cache file is not found in {dev.data_home}: {cached}"
+        os.unlink(cached[0])
+
+    def status_names_it() -> bool:
+        res = dev.cli("status", str(dev.mountpoint), timeout=30)
+        return res.returncode == 0 and "doc.txt" in res.stdout and "cannot upload" in res.stdout
+
+    assert wait_until(status_names_it, 20, 0.5), (
+        "status does not say that doc.txt cannot be uploaded:\n" + dev.cli("status", str(dev.mountpoint), timeout=30).stdout)
+    # Nothing left to push: teardown's unmount (which waits for the pushes) ends.
+    os.unlink(path)
