@@ -27,9 +27,9 @@ struct StoreOption: ParsableArguments {
         }
         if address.isS3 {
             let locations = Locations()
-            let store = try address.openS3(knownStoreID: address.knownStoreID(locations))
+            let store = try address.openS3(knownStoreID: address.readKnownStoreID(locations))
             if let problem = store.startupProblem { throw UbiquityError(EHOSTDOWN, problem) }
-            address.rememberStoreID(store.storeID, locations)
+            try address.recordStoreID(store.storeID, locations)
             return store
         }
         return try FolderStore(root: URL(fileURLWithPath: address.url), create: false, initializeEmpty: true, shared: sharedStore)

@@ -106,7 +106,7 @@ struct QueryCommand: ParsableCommand {
         guard let container else { throw UbiquityError(EINVAL, "give a mountpoint or --container") }
         let locations = Locations()
         let address = storeOptions.address ?? StoreAddress(url: locations.defaultStore.path)
-        guard let storeID = address.knownStoreID(locations) else {
+        guard let storeID = try address.readKnownStoreID(locations) else {
             throw UbiquityError(ENOENT, "this device has never mounted a container of \(address.description)")
         }
         let ns = try Replica.readNamespace(directory: locations.replica(storeID: storeID, container: container))

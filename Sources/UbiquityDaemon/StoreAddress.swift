@@ -1,4 +1,5 @@
 import Foundation
+import Logging
 import UbiquityReplica
 import UbiquityS3
 import UbiquityStore
@@ -78,13 +79,53 @@ package struct StoreAddress: Codable, Sendable, Equatable {
         locations.dataHome.appendingPathComponent("known-stores").appendingPathComponent(ContentCopy.hash(of: Data(key.utf8)))
     }
 
-    package func knownStoreID(_ locations: Locations) -> String? {
-        (try? String(contentsOf: knownStoreFile(locations), encoding: .utf8))?.trimmingCharacters(in: .whitespacesAndNewlines)
+    /// The ID of the store this device used at this address; nil if it
+    /// never used one here (no marker). A marker that is there but cannot be
+    /// read is an error: taken for none, an emptied store here would be
+    /// taken for a new one.
+    package func readKnownStoreID(_ locations: Locations) throws -> String? {
+        let file = knownStoreFile(locations)
+        var st = stat()
+        if lstat(file.path, &st) != 0 && errno == ENOENT { return nil }
+        do {
+            return try String(contentsOf: file, encoding: .utf8).trimmingCharacters(in: .whitespacesAndNewlines)
+        } catch {
+            throw UbiquityError(EIO, "cannot read \(file.path), which records the store this device used at \(description): \(error.localizedDescription)")
+        }
     }
 
-    package func rememberStoreID(_ id: String, _ locations: Locations) {
+    /// As `readKnownStoreID`; a marker that cannot be read is logged and taken for none.
+    package func knownStoreID(_ locations: Locations) -> String? {
+        do {
+            return try readKnownStoreID(locations)
+        } catch {
+            Logger(label: "ubiquityfs").error("\(error)")
+            return nil
+        }
+    }
+
+    /// Record that this device uses store `id` at this address (the marker
+    /// that stops an emptied store from being taken for a new one).
+    package func recordStoreID(_ id: String, _ locations: Locations) throws {
         let file = knownStoreFile(locations)
-        try? FileManager.default.createDirectory(at: file.deletingLastPathComponent(), withIntermediateDirectories: true)
-        try? id.write(to: file, atomically: true, encoding: .utf8)
+        if (try? readKnownStoreID(locations)) == id { return }
+        do {
+            try FileManager.default.createDirectory(at: file.deletingLastPathComponent(), withIntermediateDirectories: true)
+            try id.write(to: file, atomically: true, encoding: .utf8)
+        } catch {
+            throw UbiquityError(EIO, "cannot record store \(id) as used at \(description) in \(file.path) (without it, this store emptied would be taken for a new one): \(error.localizedDescription)")
+        }
+    }
+
+    /// As `recordStoreID`; a failure is logged, and returned for the status.
+    @discardableResult
+    package func rememberStoreID(_ id: String, _ locations: Locations) -> (any Error)? {
+        do {
+            try recordStoreID(id, locations)
+            return nil
+        } catch {
+            Logger(label: "ubiquityfs").error("\(error)")
+            return error
+        }
     }
 }

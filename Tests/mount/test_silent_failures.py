@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from conftest import wait_until
+from conftest import store_args, wait_until
 
 pytestmark = pytest.mark.daemon
 
@@ -42,3 +42,20 @@ def test_a_push_that_cannot_open_the_cache_file_shows_in_status(make_device):
         "status does not say that doc.txt cannot be uploaded:\n" + dev.cli("status", str(dev.mountpoint), timeout=30).stdout)
     # Nothing left to push: teardown's unmount (which waits for the pushes) ends.
     os.unlink(path)
+
+
+def test_an_unreadable_known_store_marker_is_an_error_not_none(make_device):
+    """The marker that records which store this device used at an address
+    (`known-stores/HASH`) stops an emptied store from being taken for a new
+    one: one that cannot be read is an error, not "never used"."""
+    dev = make_device("a")
+    dev.unmount()
+    known = dev.data_home / "ubiquityfs" / "known-stores"
+    markers = list(known.iterdir())
+    assert markers, f"no marker in {known}"
+    for marker in markers:
+        marker.unlink()
+        marker.mkdir()   # unreadable as a file, whoever runs the test
+    res = dev.cli("query", "--container", "com.ubiquityfs.default", *store_args(dev.store), timeout=30)
+    assert res.returncode != 0, f"query went on without the marker:\n{res}"
+    assert "records the store" in res.text, f"the error does not name the unreadable marker:\n{res}"
