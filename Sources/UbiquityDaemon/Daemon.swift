@@ -56,21 +56,52 @@ package struct DaemonSettings: Sendable {
 /// opens or closes: its catch-up pull, its drain) before `state`; neither is
 /// held while serving a request, and one container opening or closing never
 /// holds up another's.
-package final class Daemon: @unchecked Sendable {
+package final class Daemon: Sendable {
     static let defaultContainer = "com.ubiquityfs.default"
 
     let settings: DaemonSettings
     let locations = Locations()
     /// Coordinated access for every mount of this daemon (`NSFileCoordinator`).
     let coordinator = Coordinator()
-    var logger = Logger(label: "ubiquityfs")
-    var device = DeviceIdentity(id: "", name: "")
-    var store: (any Store)!
+
+    /// What `run` finds out as the daemon starts (before any other thread
+    /// runs) and every thread reads after: behind a lock, a leaf.
+    struct Started {
+        var logger = Logger(label: "ubiquityfs")
+        var device = DeviceIdentity(id: "", name: "")
+        var store: (any Store)?
+        var syncStore: (any Store)?
+        var offlineReason: String?
+        var logPath = ""
+    }
+    let started = Mutex(Started())
+
+    var logger: Logger {
+        get { started.withLock { $0.logger } }
+        set { started.withLock { $0.logger = newValue } }
+    }
+    var device: DeviceIdentity {
+        get { started.withLock { $0.device } }
+        set { started.withLock { $0.device = newValue } }
+    }
+    var store: any Store {
+        get { started.withLock { $0.store! } }
+        set { started.withLock { $0.store = newValue } }
+    }
     /// The store as the sync engines use it (with injected faults in tests).
-    var syncStore: (any Store)!
+    var syncStore: any Store {
+        get { started.withLock { $0.syncStore! } }
+        set { started.withLock { $0.syncStore = newValue } }
+    }
     /// Why the store could not be reached at start (the mounts then start offline).
-    var offlineReason: String?
-    var logPath = ""
+    var offlineReason: String? {
+        get { started.withLock { $0.offlineReason } }
+        set { started.withLock { $0.offlineReason = newValue } }
+    }
+    var logPath: String {
+        get { started.withLock { $0.logPath } }
+        set { started.withLock { $0.logPath = newValue } }
+    }
 
     struct State {
         var containers: [String: ContainerHost] = [:]

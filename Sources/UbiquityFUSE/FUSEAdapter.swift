@@ -1,6 +1,7 @@
 import CFuse3
 import CFuseWire
 import Foundation
+import Synchronization
 import Logging
 import UbiquityFS
 import UbiquityStore
@@ -14,22 +15,49 @@ import UbiquityStore
 /// `FUSEContext` through `fuse_req_userdata`. Pointers libfuse passes
 /// (`name`, `fi`) are copied before the callback returns. No lock of the
 /// core is held while replying: the core returns values, then we reply.
-final class FUSEContext: @unchecked Sendable {
+final class FUSEContext: Sendable {
     let fs: any MountedFileSystem
     let logger: Logger
-    /// The session serving `fs`, for notifications from a request (set once, before mounting).
-    weak var session: FUSESession?
+
+    /// What is set once while the session starts and read by every request
+    /// after (on libfuse's threads): behind a lock, so that each read sees
+    /// the write (a leaf, uncontended once serving).
+    struct Wiring {
+        weak var session: FUSESession?
+        var maxRead: UInt32 = 0
+        var deviceFD: Int32 = -1
+        var backingFiles: KernelBackingFiles?
+        var replay: KernelEventReplay?
+    }
+    let wiring = Mutex(Wiring())
+
+    /// The session serving `fs`, for notifications from a request (set before mounting).
+    var session: FUSESession? {
+        get { wiring.withLock { $0.session } }
+        set { wiring.withLock { $0.session = newValue } }
+    }
     /// The `max_read` mount option, if given (set before mounting): `init`
     /// must ask for the same, or libfuse refuses the kernel's INIT.
-    var maxRead: UInt32 = 0
+    var maxRead: UInt32 {
+        get { wiring.withLock { $0.maxRead } }
+        set { wiring.withLock { $0.maxRead = newValue } }
+    }
     /// The session's /dev/fuse descriptor (set before mounting returns).
-    var deviceFD: Int32 = -1
-    /// Set by `init` when the kernel agreed to passthrough (read by every
-    /// `open` after it: the kernel sends nothing else before INIT's reply).
-    var backingFiles: KernelBackingFiles?
+    var deviceFD: Int32 {
+        get { wiring.withLock { $0.deviceFD } }
+        set { wiring.withLock { $0.deviceFD = newValue } }
+    }
+    /// Set by `init` when the kernel agreed to passthrough (read by every `open` after it).
+    var backingFiles: KernelBackingFiles? {
+        get { wiring.withLock { $0.backingFiles } }
+        set { wiring.withLock { $0.backingFiles = newValue } }
+    }
     /// The mount's event replay (set before mounting): requests from its
     /// thread are answered by it (see `KernelEventReplay`).
-    var replay: KernelEventReplay?
+    var replay: KernelEventReplay? {
+        get { wiring.withLock { $0.replay } }
+        set { wiring.withLock { $0.replay = newValue } }
+    }
 
     init(fs: any MountedFileSystem, logger: Logger) {
         self.fs = fs
