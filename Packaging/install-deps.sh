@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Install the Debian packages UbiquityFS needs, by purpose:
-#   bash Packaging/install-deps.sh [runtime] [build] [package] [test] [s3]   (no argument: all five)
+#   bash Packaging/install-deps.sh [runtime] [build] [package] [test] [s3] [vm]   (no argument: all but vm)
 # runtime: what the daemon needs to run; build: to compile it; package: to build
 # the Debian packages (Packaging/deb/build.sh); test: the tools the tests drive
 # on the mount (and bindfs for benchmarks) and those that check the packages;
-# s3: the Ceph RGW test server. Idempotent; run as root (or with sudo).
+# s3: the Ceph RGW test server; vm: qemu, for Packaging/deb/vm-boot-test.sh (by hand, not CI).
+# Idempotent; run as root (or with sudo).
 set -euo pipefail
 declare -A groups=(
   [runtime]="fuse3 shared-mime-info"
@@ -22,12 +23,14 @@ declare -A groups=(
   # RADOS Gateway) on loopback; keep in sync with CEPH_PACKAGES there. SeaweedFS comes
   # from PyPI (Tests/requirements.txt).
   [s3]="ceph-mon ceph-osd radosgw ceph-common ceph-base"
+  # boots the package's Debian 12 as a virtual machine, where systemd can run automount units
+  [vm]="qemu-system-x86 e2fsprogs"
 )
 wanted=("$@")
 [ ${#wanted[@]} -gt 0 ] || wanted=(runtime build package test s3)
 packages=()
 for group in "${wanted[@]}"; do
-  [ -n "${groups[$group]+x}" ] || { echo "install-deps: unknown group '$group' (runtime, build, package, test, s3)" >&2; exit 2; }
+  [ -n "${groups[$group]+x}" ] || { echo "install-deps: unknown group '$group' (runtime, build, package, test, s3, vm)" >&2; exit 2; }
   read -r -a list <<< "$(echo ${groups[$group]})"
   packages+=("${list[@]}")
 done

@@ -8,14 +8,20 @@
 #   - the user unit: systemctl --user enable --now ubiquityfs (lingering user) mounts
 #     service.conf's mountpoint, the journal has the logs, a killed daemon is restarted
 #     (Restart=on-failure), systemctl --user stop unmounts after pushing.
-#   bash Packaging/deb/systemd-boot-test.sh [ubiquityfs_VERSION_ARCH.deb]
+#   bash Packaging/deb/systemd-boot-test.sh [--vm] [ubiquityfs_VERSION_ARCH.deb]
+# --vm boots it as a virtual machine (qemu with KVM: install-deps vm) instead, where
+# systemd also runs the automount unit.
 # Needs root, /dev/fuse, debootstrap and systemd-nspawn (install-deps test), Debian's
-# mirror the first time (the root is kept in .build-pkg/bookworm-systemd). Not in CI.
+# mirror the first time (the roots are kept in .build-pkg/bookworm-systemd and
+# bookworm-vm). Not in CI.
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/../.." && pwd)"
+vm=no
+if [ "${1:-}" = --vm ]; then vm=yes; shift; fi
 deb="${1:-$(ls -t "$repo"/.build-pkg/ubiquityfs_*.deb 2>/dev/null | head -n 1)}"
 [ -f "$deb" ] || { echo "systemd-boot-test: no package (bash Packaging/deb/build.sh)" >&2; exit 1; }
 root="$repo/.build-pkg/bookworm-systemd"
+[ "$vm" = no ] || root="$repo/.build-pkg/bookworm-vm"
 mirror="${DEBIAN_MIRROR:-http://deb.debian.org/debian}"
 in_root() {
   unshare --mount --propagation private bash -c 'r="$1"; shift; mount --rbind /dev "$r/dev"; mount -t proc proc "$r/proc"
@@ -26,6 +32,9 @@ if [ ! -x "$root/lib/systemd/systemd" ]; then
   debootstrap --variant=minbase bookworm "$root" "$mirror"
   cp /etc/resolv.conf "$root/etc/resolv.conf"
   in_root sh -c 'apt-get update -qq && apt-get install -y -qq --no-install-recommends systemd systemd-sysv dbus libpam-systemd man-db >/dev/null'
+fi
+if [ "$vm" = yes ] && ! ls "$root"/boot/vmlinuz-* >/dev/null 2>&1; then
+  in_root sh -c 'apt-get install -y -qq --no-install-recommends linux-image-amd64 initramfs-tools >/dev/null'
 fi
 cp "$deb" "$root/tmp/ubiquityfs.deb"
 cp /etc/resolv.conf "$root/etc/resolv.conf"
@@ -55,7 +64,8 @@ check "alice's umount waits for the pushes" "runuser -u alice -- umount /home/al
 echo "== automount"
 if systemctl status --no-pager mnt-cloud.automount 2>&1 | grep -q "Active: active"; then
   ls /mnt/cloud >/dev/null
-  check "first access mounted fuse.ubiquityfs" "findmnt -n -o FSTYPE /mnt/cloud | grep -qx fuse.ubiquityfs"
+  check "first access mounted fuse.ubiquityfs" "findmnt -n -o FSTYPE /mnt/cloud | tail -n 1 | grep -qx fuse.ubiquityfs"
+  journalctl --no-pager -u mnt-cloud.mount | tail -n 6
   check "umount waits for the pushes" "umount /mnt/cloud | grep -q 'every change is in the store'"
 else
   echo "SKIP: systemd does not run mnt-cloud.automount here (in a container it says: Starting of mnt-cloud.automount unsupported)"
@@ -106,10 +116,25 @@ WantedBy=multi-user.target
 EOF
 ln -sf /etc/systemd/system/ubq-test.service "$root/etc/systemd/system/multi-user.target.wants/ubq-test.service"
 rm -f "$root/root/results.txt"
+if [ "$vm" = yes ]; then
+  # The root as an ext4 disk; the guest's own kernel; results read back from the disk.
+  img="$repo/.build-pkg/bookworm-vm.img"
+  rm -f "$img"
+  mke2fs -q -t ext4 -d "$root" "$img" 3G
+  kernel="$(ls "$root"/boot/vmlinuz-* | tail -n 1)"
+  initrd="$(ls "$root"/boot/initrd.img-* | tail -n 1)"
+  accel=kvm; [ -w /dev/kvm ] && [ "${UBQ_VM_ACCEL:-kvm}" = kvm ] || accel=tcg
+  timeout "${UBQ_VM_TIMEOUT:-900}" qemu-system-x86_64 -accel "$accel" -cpu max -m 2048 -smp 2 -nographic -no-reboot -kernel "$kernel" -initrd "$initrd" \
+    -append "root=/dev/vda rw console=ttyS0 earlyprintk=serial panic=-1" -drive "file=$img,format=raw,if=virtio" \
+    > "$repo/.build-pkg/systemd-boot.log" 2>&1 || true
+  debugfs -R "cat /root/results.txt" "$img" > "$root/root/results.txt" 2>/dev/null || true
+  [ -s "$root/root/results.txt" ] || rm -f "$root/root/results.txt"
+else
 # No systemd on the host: no registration with machined, and a tmpfs for nspawn's
 # propagation folder (it refuses to clean one on a disk), in a mount namespace of our own.
 mkdir -p /run/systemd/nspawn
 timeout 300 unshare --mount --propagation private sh -c 'mount -t tmpfs nspawn /run/systemd/nspawn && exec systemd-nspawn --quiet --register=no --keep-unit -D "$1" --bind=/dev/fuse -b' _ "$root" \
   > "$repo/.build-pkg/systemd-boot.log" 2>&1 || true
+fi
 cat "$root/root/results.txt" 2>/dev/null || { echo "systemd-boot-test: no results; the boot log:"; tail -n 30 "$repo/.build-pkg/systemd-boot.log"; exit 1; }
 ! grep -q '^FAIL' "$root/root/results.txt" && grep -q '^DONE' "$root/root/results.txt"
