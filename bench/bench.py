@@ -19,8 +19,9 @@ Targets (columns):
               mount you set up by hand).  It replaces the ubiquityfs column.
 
 Workloads (each runs on a fresh subdirectory of each target, same parameters):
-  small   N x 4 KiB files: create+write, stat (cold), open+read (cold),
-          rename, unlink; then N directories: mkdir, rmdir -> ops/s
+  small   N x 4 KiB files: create+write, readdir (again, cold: entries/s),
+          stat (cold), open+read (cold), rename, unlink; then N directories:
+          mkdir, rmdir -> ops/s
   seq     sequential write (incl. fsync+close), cold sequential read, 1 MiB
           blocks                                            -> MiB/s
   rand    4 KiB random reads / writes on one file (fio if present, else
@@ -594,6 +595,19 @@ def wl_small(t, d, cfg, pool):
         os.close(fd)
     res["small_create"] = n / (time.perf_counter() - t0)
 
+    # The folder of N files listed again and again (a shell's `ls`, a file
+    # manager's refresh), then once after the caches are dropped: entries/s.
+    reps = 20
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        if len(os.listdir(d)) != n:
+            raise BenchError(f"listing {d} did not give {n} entries")
+    res["small_readdir"] = reps * n / (time.perf_counter() - t0)
+    drop_caches()
+    t0 = time.perf_counter()
+    os.listdir(d)
+    res["small_readdir_cold"] = n / (time.perf_counter() - t0)
+
     drop_caches()
     t0 = time.perf_counter()
     for p in names:
@@ -886,6 +900,8 @@ ORDER = ["small", "seq", "rand", "git", "rss"]   # rss last: leaves files behind
 RSS_GOAL_ITEMS = 1_000_000   # the memory goal is for a container of 1,000,000 items
 METRICS = [
     ("small_create", "small: create+write 4K", "ops/s", "rate", ("ratio>=", 1.0, "")),
+    ("small_readdir", "small: readdir N (again)", "entries/s", "rate", ("ratio>=", 1.0, "")),
+    ("small_readdir_cold", "small: readdir N (cold)", "entries/s", "rate", None),
     ("small_stat", "small: stat (cold)", "ops/s", "rate", ("ratio>=", 1.0, "keep")),
     ("small_read", "small: open+read (cold)", "ops/s", "rate", ("ratio>=", 1.0, "")),
     ("small_rename", "small: rename", "ops/s", "rate", ("ratio>=", 1.0, "")),

@@ -316,6 +316,12 @@ public final class DriveFileSystem: MountedFileSystem {
         return Self.outward(handle, slot)
     }
 
+    /// Not the root: its container folders come and go with the store's list.
+    public func listingMayBeCached(ino: UInt64) -> Bool {
+        guard ino != Self.root, let (fs, local, _) = try? route(ino) else { return false }
+        return fs.listingMayBeCached(ino: local)
+    }
+
     /// The root lists the home container's entries, then the container folders.
     public func readdir(handle: UInt64, offset: Int64, limit: Int, plus: Bool) throws -> [DirectoryEntry] {
         let (fs, local, slot) = try route(handle)

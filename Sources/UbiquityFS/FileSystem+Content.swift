@@ -535,6 +535,10 @@ extension FileSystem {
         }
     }
 
+    /// One mount shows this container: its kernel sees every local change
+    /// (it makes them) and the daemon tells it of the others.
+    public func listingMayBeCached(ino: UInt64) -> Bool { options.soleView() }
+
     func snapshot(_ ino: UInt64) throws -> HandleTable.Listing {
         try replica.withNamespace { ns in
             guard let dir = ns.node(ino) else { throw UbiquityError(ENOENT) }

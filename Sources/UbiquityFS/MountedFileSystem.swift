@@ -37,6 +37,10 @@ public protocol MountedFileSystem: AnyObject, Sendable {
     func fallocate(handle: UInt64, mode: Int32, offset: Int64, length: Int64) throws
 
     func opendir(ino: UInt64) throws -> UInt64
+    /// Whether the kernel may keep folder `ino`'s listing across opens
+    /// (`cache_readdir`): only what this kernel alone sees change, since the
+    /// daemon drops it (with its pages) when a pull or the daemon changes it.
+    func listingMayBeCached(ino: UInt64) -> Bool
     func readdir(handle: UInt64, offset: Int64, limit: Int, plus: Bool) throws -> [DirectoryEntry]
     func releasedir(handle: UInt64)
     func fsyncdir(handle: UInt64) throws

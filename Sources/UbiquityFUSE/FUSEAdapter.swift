@@ -434,6 +434,11 @@ func makeOperations() -> fuse_lowlevel_ops {
         guard let fi else { fuse_reply_err(req, EINVAL); return }
         ctx.serve(req, "opendir") {
             fi.pointee.fh = try ctx.fs.opendir(ino: UInt64(ino))
+            // The kernel keeps the listing (until it or the daemon sees the folder change).
+            if ctx.fs.listingMayBeCached(ino: UInt64(ino)) {
+                fi.pointee.cache_readdir = 1
+                fi.pointee.keep_cache = 1
+            }
             if fuse_reply_open(req, fi) == -ENOENT { ctx.fs.releasedir(handle: fi.pointee.fh) }
         }
     }

@@ -281,10 +281,14 @@ public final class FUSESession: @unchecked Sendable {
     /// knows the item) are expected and ignored.
     public func invalidate(_ changes: ReplicaChanges, kernelIno: (UInt64) -> UInt64?) {
         withSession { se in
+            var folders = Set<UInt64>()
             for (parent, name) in changes.entries {
                 guard let parent = kernelIno(parent) else { continue }
                 _ = name.withCString { fuse_lowlevel_notify_inval_entry(se, fuse_ino_t(parent), $0, name.count) }
+                folders.insert(parent)
             }
+            // A folder's listing the kernel keeps (`cache_readdir`) is in its pages.
+            for folder in folders { _ = fuse_lowlevel_notify_inval_inode(se, fuse_ino_t(folder), 0, 0) }
             for (ino, contentChanged) in changes.nodes {
                 guard let ino = kernelIno(ino) else { continue }
                 _ = fuse_lowlevel_notify_inval_inode(se, fuse_ino_t(ino), contentChanged ? 0 : -1, 0)
