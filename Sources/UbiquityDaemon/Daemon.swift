@@ -73,8 +73,22 @@ package final class Daemon: Sendable {
         var syncStore: (any Store)?
         var offlineReason: String?
         var logPath = ""
+        /// The known-store marker could not be written (reported once logging is set up).
+        var markerProblem: String?
     }
     let started = Mutex(Started())
+
+    /// Failures of the daemon's own (not a container's sync): shown by every
+    /// mount's `status` under "Recent errors", and logged.
+    let recentErrors = Mutex<[(Date, String)]>([])
+
+    func recordError(_ message: String) {
+        logger.error("\(message)")
+        recentErrors.withLock { errors in
+            errors.append((Date(), message))
+            if errors.count > 20 { errors.removeFirst(errors.count - 20) }
+        }
+    }
 
     var logger: Logger {
         get { started.withLock { $0.logger } }
@@ -101,6 +115,10 @@ package final class Daemon: Sendable {
     var logPath: String {
         get { started.withLock { $0.logPath } }
         set { started.withLock { $0.logPath = newValue } }
+    }
+    var markerProblem: String? {
+        get { started.withLock { $0.markerProblem } }
+        set { started.withLock { $0.markerProblem = newValue } }
     }
 
     struct State {
@@ -172,7 +190,9 @@ package final class Daemon: Sendable {
     /// offline (`offlineReason`).
     func openStore() throws -> any Store {
         let address = settings.store ?? StoreAddress(url: locations.defaultStore.path)
-        let knownID = address.knownStoreID(locations)
+        // A marker that cannot be read is an error: taking it for "never used"
+        // could make an emptied store a new one.
+        let knownID = try address.readKnownStoreID(locations)
         let store: any Store
         if address.isS3 {
             let s3 = try address.openS3(knownStoreID: knownID)
@@ -193,7 +213,9 @@ package final class Daemon: Sendable {
         if let knownID, knownID != store.storeID {
             throw UbiquityError(EINVAL, "\(address.description) now holds a different store than the one this device used there; refusing to mix them")
         }
-        address.rememberStoreID(store.storeID, locations)
+        if let error = address.rememberStoreID(store.storeID, locations) {
+            markerProblem = "cannot record that this device uses \(address.description): \(error)"
+        }
         return store
     }
 
@@ -226,6 +248,7 @@ package final class Daemon: Sendable {
         logger = Logger(label: "ubiquityfs")
         logger.info("daemon \(getpid()) for store \(storePath) (device \(device.name) \(device.id))")
         if let offlineReason { logger.warning("the store is unreachable (\(offlineReason)); working offline, changes are queued") }
+        if let problem = markerProblem { recordError(problem) }
 
         try forwardSignals()
         let socketPath = locations.daemonSocket(store: storeKeyPath).path
@@ -465,7 +488,7 @@ package final class Daemon: Sendable {
                     do {
                         try host.replica.commitAndCheckpoint()
                     } catch {
-                        logger.error("\(host.id): the index could not take everything at close (\(error)); the operation log keeps it, and the next mount replays it")
+                        recordError("\(host.id): the index could not take everything at close (\(error)); the operation log keeps it, and the next mount replays it")
                     }
                     let pending = host.replica.withNamespace { ns in ns.pendingSummary() }
                     logger.info("\(host.id) closed; \(counted(pending.items, "item")) (\(pending.bytes) bytes) left in the queue for the next mount")
@@ -569,7 +592,7 @@ package final class Daemon: Sendable {
                 do {
                     slots = try JSONDecoder().decode([String: Int].self, from: data)
                 } catch {
-                    logger.error("\(file.path) is damaged (\(error)); the drive's folders are numbered afresh")
+                    recordError("\(file.path) is damaged (\(error)); the drive's folders are numbered afresh")
                 }
             }
             if let slot = slots[container] { return slot }
@@ -578,7 +601,7 @@ package final class Daemon: Sendable {
             do {
                 try JSONEncoder().encode(slots).write(to: file, options: .atomic)
             } catch {
-                logger.error("cannot record the drive's folder numbers in \(file.path): \(error)")
+                recordError("cannot record the drive's folder numbers in \(file.path): \(error)")
             }
             return slot
         }

@@ -470,7 +470,7 @@ final class MountHost: @unchecked Sendable {
         let hosts = self.hosts
         let folders = drive?.currentFolders() ?? []
         var perContainer: [ContainerStatus] = []
-        var errors: [(Date, String)] = []
+        var errors: [(Date, String)] = daemon.recentErrors.withLock { $0 }
         var failing: [FailingUpload] = []
         var quarantined: [QuarantinedRecordStatus] = []
         var lastSync: Date?

@@ -59,3 +59,31 @@ def test_an_unreadable_known_store_marker_is_an_error_not_none(make_device):
     res = dev.cli("query", "--container", "com.ubiquityfs.default", *store_args(dev.store), timeout=30)
     assert res.returncode != 0, f"query went on without the marker:\n{res}"
     assert "records the store" in res.text, f"the error does not name the unreadable marker:\n{res}"
+
+    # Mounting: refused with the marker named, the store left as it is.
+    res = dev.mount(check=False)
+    assert res.returncode != 0, f"mounted without being able to read the marker:\n{res}"
+    assert "records the store" in res.text, f"the mount's error does not name the unreadable marker:\n{res}"
+
+
+def test_a_drive_whose_folder_numbers_cannot_be_recorded_says_so_in_status(make_device, store):
+    """The drive keeps its container folders' numbers in drive-slots.json;
+    when that file cannot be written, every mount's status says so."""
+    import subprocess
+    from conftest import BIN
+    dev = make_device("a")
+    replicas = next((dev.data_home / "ubiquityfs" / "replicas").iterdir())
+    slots = replicas / "drive-slots.json"
+    if slots.exists():
+        slots.unlink()
+    slots.mkdir()   # cannot be replaced by a file
+    made = subprocess.run([str(BIN), "container", "create", "com.example.shown", "--name", "Shown", "--public",
+                           *store_args(store)], capture_output=True, text=True)
+    assert made.returncode == 0, made.stderr
+    assert wait_until(lambda: (dev.mountpoint / "Shown").is_dir(), 20), "the container's folder did not appear"
+
+    def status_says_so() -> bool:
+        res = dev.cli("status", str(dev.mountpoint), timeout=30)
+        return res.returncode == 0 and "cannot record the drive's folder numbers" in res.stdout
+
+    assert wait_until(status_says_so, 10), dev.cli("status", str(dev.mountpoint), timeout=30).stdout
