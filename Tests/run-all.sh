@@ -36,6 +36,8 @@ export UBIQUITYFS_TEST_S3_SERVERS="$(IFS=,; echo "${servers[*]}")"
 
 swift build --build-tests
 swift test --skip-build
+# Installing: the mount helpers (mount -t / fstab / umount), the systemd user service, the unit file.
+python3 -m pytest -q -p no:cacheprovider Tests/packaging "$@"
 python3 -m pytest -q -p no:cacheprovider Tests/servers Tests/posix Tests/mount "$@"
 # The file manager's extension (Packaging/nautilus): a stub and the real GObject
 # introspection, real mounts, and a real Nautilus under Xvfb.

@@ -3,6 +3,7 @@ import Logging
 import Synchronization
 import UbiquityFS
 import UbiquityFUSE
+import UbiquityLocator
 import UbiquityProtocol
 import UbiquityReplica
 import UbiquityStore
@@ -177,7 +178,13 @@ package final class Daemon: Sendable {
         guard let resolved = realpath(path, nil) else { throw UbiquityError.posix("resolve \(path)") }
         let absolute = String(cString: resolved)
         free(resolved)
-        if Unmounter.isMountpoint(absolute) { throw UbiquityError(EBUSY, "\(absolute) is already mounted") }
+        // An autofs trigger there (fstab's x-systemd.automount) is where systemd
+        // wants this mount, on first access: mounted over, its contents never
+        // looked at (listing it would wait for this very mount).
+        if let top = MountTable.entries().last(where: { $0.mountpoint == absolute }) {
+            guard top.type == "autofs" else { throw UbiquityError(EBUSY, "\(absolute) is already mounted") }
+            return absolute
+        }
         let contents = (try? FileManager.default.contentsOfDirectory(atPath: absolute)) ?? []
         guard contents.isEmpty else { throw UbiquityError(ENOTEMPTY, "mountpoint \(absolute) is not empty") }
         return absolute
@@ -440,7 +447,8 @@ package final class Daemon: Sendable {
             } else if let offlineReason, !FileManager.default.fileExists(atPath: replicaDir.appendingPathComponent("index.sqlite").path) {
                 throw UbiquityError(EHOSTDOWN, "\(offlineReason); this device has no replica of \(id) to work offline with")
             }
-            let replica = try Replica(directory: replicaDir, rootOwner: (getuid(), getgid()))
+            let replica = try Replica(directory: replicaDir, rootOwner: (getuid(), getgid()),
+                                      sparesAhead: Replica.defaultSparesAhead)
             if replica.replayedRecords > 0 {
                 logger.info("\(id): the daemon stopped before the index took \(replica.replayedRecords) operation log records; replayed them")
             }
