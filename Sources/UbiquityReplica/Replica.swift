@@ -60,7 +60,13 @@ public final class Replica: Sendable {
     /// lock: a second daemon on the same replica is refused with `EBUSY`.
     /// The replica is its owner's only (folders 0700, index 0600) whatever
     /// the umask: it holds every name and the downloaded content.
-    public init(directory: URL, rootOwner: (uid: UInt32, gid: UInt32), logSegmentSize: Int = 4 << 20) throws {
+    /// `sparesAhead`: empty cache files to make in the background for the
+    /// first creates (`SpareCacheFiles.fillAhead`; the daemon asks for
+    /// `defaultSparesAhead`).
+    public static let defaultSparesAhead = 1024
+
+    public init(directory: URL, rootOwner: (uid: UInt32, gid: UInt32), logSegmentSize: Int = 4 << 20,
+                sparesAhead: Int = 0) throws {
         self.directory = directory
         self.logSegmentSize = logSegmentSize
         cacheDirectory = directory.appendingPathComponent("cache")
@@ -88,7 +94,8 @@ public final class Replica: Sendable {
 
         try? fm.createDirectory(at: cacheDirectory, withIntermediateDirectories: true)
         Self.makePrivate(cacheDirectory.path, mode: 0o700)
-        spares = SpareCacheFiles(directoryPath: directory.appendingPathComponent("spare").path)
+        spares = SpareCacheFiles(directoryPath: directory.appendingPathComponent("spare").path, ahead: sparesAhead)
+        spares.fillAhead()
 
         do {
             reserve = try SpaceReserve(path: directory.appendingPathComponent("reserve").path)

@@ -22,6 +22,11 @@ import Glibc
 /// right after an `rm -rf` took as long as through bindfs. A rename into place
 /// allocates nothing.
 ///
+/// Spares are also made ahead, in the background (`fillAhead`): up to
+/// `ahead` of them while the replica is open (the daemon's replicas), so the first burst of creates
+/// after a mount renames into place like every later one (before, it was
+/// the one burst that allocated, at half the rate).
+///
 /// A spare is never in use: a node's cache file is retired only once the node
 /// is dropped (no name, no open handle, no lookup), and the pusher, the only
 /// other reader of a cache file, checks after reading that the node still
@@ -38,9 +43,10 @@ final class SpareCacheFiles: Sendable {
     }
     private let state: Mutex<State>
 
-    init(directoryPath: String, limit: Int = 16_384) {
+    init(directoryPath: String, limit: Int = 16_384, ahead: Int = 0) {
         self.directoryPath = directoryPath
         self.limit = limit
+        self.ahead = min(ahead, limit)
         mkdir(directoryPath, 0o700)
         var found = State()
         if let names = try? FileManager.default.contentsOfDirectory(atPath: directoryPath) {
@@ -57,6 +63,38 @@ final class SpareCacheFiles: Sendable {
     }
 
     var count: Int { state.withLock { $0.names.count } }
+
+    /// How many spares `fillAhead` keeps ready (0: none made ahead), and
+    /// the count below which a `take` starts it again.
+    let ahead: Int
+    var lowWater: Int { ahead / 4 }
+    private let filling = Mutex(false)
+
+    /// Make spares on a thread of their own until there are `ahead` (one
+    /// filler at a time); a failure (a full disk) stops it quietly: spares
+    /// are an optimisation, and a create makes its own file.
+    func fillAhead() {
+        guard ahead > 0, filling.withLock({ f in defer { f = true }; return !f }) else { return }
+        Thread.detachNewThread { [self] in
+            defer { filling.withLock { $0 = false } }
+            while true {
+                let name: UInt64? = state.withLock { s in
+                    guard s.names.count + s.retiring < ahead else { return nil }
+                    s.retiring += 1
+                    defer { s.nextName += 1 }
+                    return s.nextName
+                }
+                guard let name else { return }
+                let fd = open(path(name), O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, 0o600)
+                if fd >= 0 { close(fd) }
+                state.withLock { s in
+                    s.retiring -= 1
+                    if fd >= 0 { s.names.append(name) }
+                }
+                if fd < 0 { return }
+            }
+        }
+    }
 
     private func path(_ name: UInt64) -> String { directoryPath + "/" + String(name) }
 
@@ -101,7 +139,11 @@ final class SpareCacheFiles: Sendable {
     /// Move a spare to `path` (making its directory if needed); false when
     /// there is none or it could not be moved (the caller creates a file).
     func take(to path: String) -> Bool {
-        guard let name = state.withLock({ $0.names.popLast() }) else { return false }
+        guard let (name, left) = state.withLock({ s in s.names.popLast().map { ($0, s.names.count) } }) else {
+            fillAhead()
+            return false
+        }
+        if left < lowWater { fillAhead() }
         let spare = self.path(name)
         if rename(spare, path) == 0 { return true }
         if errno == ENOENT {

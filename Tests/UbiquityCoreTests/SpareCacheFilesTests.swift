@@ -45,4 +45,32 @@ import Glibc
         again.retire(file("e", "e"))
         #expect(Set(try FileManager.default.contentsOfDirectory(atPath: spareDirectory)).count == 2)
     }
+
+    /// Spares made ahead: `ahead` of them in the background, empty and
+    /// distinct; taking below a quarter of that makes more.
+    @Test func sparesAreMadeAheadAndToppedUp() throws {
+        let root = FileManager.default.temporaryDirectory.appendingPathComponent("ubq-spares-\(UUID().uuidString)").path
+        defer { try? FileManager.default.removeItem(atPath: root) }
+        mkdir(root, 0o700)
+        let spares = SpareCacheFiles(directoryPath: root + "/spare", ahead: 40)
+        func waitFor(_ count: Int) -> Bool {
+            for _ in 0..<500 where spares.count != count { usleep(10_000) }
+            return spares.count == count
+        }
+        spares.fillAhead()
+        #expect(waitFor(40))
+        let made = try FileManager.default.contentsOfDirectory(atPath: root + "/spare")
+        #expect(made.count == 40)
+        for name in made { #expect((try FileManager.default.attributesOfItem(atPath: root + "/spare/" + name))[.size] as? Int == 0) }
+        // Down to 10 (the quarter): the next take starts a refill back to 40.
+        for index in 0..<30 { #expect(spares.take(to: root + "/taken/\(index)")) }
+        #expect(spares.take(to: root + "/taken/30"))
+        #expect(waitFor(40))
+        #expect(try FileManager.default.contentsOfDirectory(atPath: root + "/taken").count == 31)
+        // None made ahead unless asked.
+        let plain = SpareCacheFiles(directoryPath: root + "/other")
+        plain.fillAhead()
+        usleep(50_000)
+        #expect(plain.count == 0)
+    }
 }
