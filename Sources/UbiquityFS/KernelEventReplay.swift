@@ -100,18 +100,27 @@ public final class KernelEventReplay: Sendable {
     // MARK: - Queue and thread
 
     /// Start replaying (the mount is up and answers), or again after `stop`.
+    /// The mount's root is examined on the replay's own thread: over an
+    /// automount trigger, a walk to the mountpoint waits until systemd has
+    /// seen the mount finish, which waits for the daemon to say it is ready.
     public func start() {
-        var st = stat()
-        guard stat(mountpoint, &st) == 0, st.st_ino == 1 else {
-            logger.warning("\(mountpoint): no events for remote changes (the mount's root cannot be examined)")
-            return
-        }
         let starting = queue.withLock { q -> Bool in
             guard !q.running else { return false }
-            q = Queue(running: true, device: st.st_dev)
+            q = Queue(running: true)
             return true
         }
-        if starting { Thread.run(named: "ubq-events") { [self] in run() } }
+        guard starting else { return }
+        Thread.run(named: "ubq-events") { [self] in
+            var st = stat()
+            guard stat(mountpoint, &st) == 0, st.st_ino == 1 else {
+                logger.warning("\(mountpoint): no events for remote changes (the mount's root cannot be examined)")
+                queue.withLock { $0 = Queue() }
+                done.signal()
+                return
+            }
+            queue.withLock { $0.device = st.st_dev }
+            run()
+        }
     }
 
     /// Stop: what is queued is dropped, the script under way ends after its

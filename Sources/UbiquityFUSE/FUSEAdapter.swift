@@ -30,6 +30,8 @@ final class FUSEContext: Sendable {
         var replay: KernelEventReplay?
     }
     let wiring = Mutex(Wiring())
+    /// Signalled once the kernel's INIT has been answered by `init`.
+    let initialized = DispatchSemaphore(value: 0)
 
     /// The session serving `fs`, for notifications from a request (set before mounting).
     var session: FUSESession? {
@@ -149,6 +151,7 @@ func makeOperations() -> fuse_lowlevel_ops {
             ubq_init_accept_passthrough()
             ctx.backingFiles = KernelBackingFiles(deviceFD: ctx.deviceFD, logger: ctx.logger)
         }
+        ctx.initialized.signal()
     }
 
     ops.lookup = { req, parent, name in

@@ -249,6 +249,14 @@ public final class FUSESession: @unchecked Sendable {
     /// loop ended, the kernel refused the INIT reply). Call with `run`
     /// going on another thread.
     public func firstRoundTrip() -> String? {
+        // Mounted over an automount trigger (fstab's x-systemd.automount): the
+        // path is not walked — the walk would wait for systemd, which waits for
+        // this mount — so the round trip is the kernel's INIT, answered.
+        let stacked = MountTable.entries().filter { $0.mountpoint == mountpoint }
+        if stacked.dropLast().contains(where: { $0.type == "autofs" }) {
+            guard context.initialized.wait(timeout: .now() + 10) == .success else { return "the kernel's INIT did not come" }
+            return stacked.last?.type.hasPrefix("fuse") == true ? nil : "the mountpoint is not a FUSE mount"
+        }
         let type = LinuxCalls.filesystemType(mountpoint)
         if type == -1 { return String(cString: strerror(errno)) }
         let fuseMagic = 0x6573_5546
