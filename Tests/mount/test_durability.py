@@ -11,6 +11,7 @@ import random
 import shutil
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -280,22 +281,37 @@ def cache_file_inodes(dev) -> set[int]:
 
 def test_new_files_take_the_emptied_cache_files_of_removed_ones(make_device):
     """Files removed (their removal pushed) leave their cache files, emptied, for
-    the next new files: creates after an `rm -rf` allocate no inode on the
-    replica's disk. The new files hold their own bytes only, after kill -9 and
-    a remount too, and another device gets them right."""
+    the next new files; with the spares the daemon makes ahead, creates
+    allocate no inode on the replica's disk. The new files hold their own bytes
+    only, after kill -9 and a remount too, and another device gets them right."""
     from test_sync import wait_pushed
     a = make_device("a")
+
+    def settled_spares() -> set[int]:
+        """The spares' inodes once the background filler has stopped adding."""
+        last = None
+        for _ in range(100):
+            now = {p.stat().st_ino for p in spare_cache_files(a)}
+            if now == last:
+                return now
+            last = now
+            time.sleep(0.3)
+        raise AssertionError("the spares never stopped changing")
+
+    ahead = settled_spares()
+    assert ahead, "no spares made ahead for the first creates"
     old = {f"old/f{i:03d}": os.urandom(5000 + i) for i in range(40)}
     (a.mountpoint / "old").mkdir()
     for rel, data in old.items():
         (a.mountpoint / rel).write_bytes(data)
     wait_pushed(a)
-    assert spare_cache_files(a) == [], "spares before anything was removed"
+    old_inodes = cache_file_inodes(a)
+    assert len(old_inodes) == 40 and old_inodes <= ahead, "the first creates did not take the spares made ahead"
     shutil.rmtree(a.mountpoint / "old")
     wait_pushed(a)
-    wait_until(lambda: len(spare_cache_files(a)) == 40, 10)
+    assert wait_until(lambda: old_inodes <= {p.stat().st_ino for p in spare_cache_files(a)}, 10), \
+        "the removed files' cache files were not kept as spares"
     spares = spare_cache_files(a)
-    assert len(spares) == 40, f"{len(spares)} spares after removing 40 pushed files"
     assert all(p.stat().st_size == 0 for p in spares), "a spare still holds bytes"
     spare_inodes = {p.stat().st_ino for p in spares}
 
@@ -303,8 +319,8 @@ def test_new_files_take_the_emptied_cache_files_of_removed_ones(make_device):
     new = {f"new/g{i:03d}": os.urandom(100 + i) for i in range(40)}
     for rel, data in new.items():
         (a.mountpoint / rel).write_bytes(data)
-    assert spare_cache_files(a) == [], "new files did not take the spares"
-    assert spare_inodes <= cache_file_inodes(a), "the new files' cache files are not the spares"
+    new_inodes = cache_file_inodes(a)
+    assert len(new_inodes) == 40 and new_inodes <= spare_inodes, "the new files' cache files are not spares"
     for rel, data in new.items():
         assert (a.mountpoint / rel).read_bytes() == data, f"{rel} is not what was written"
     a.kill9()
