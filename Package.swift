@@ -80,7 +80,7 @@ let package = Package(
         .target(
             name: "UbiquityCLI",
             dependencies: [
-                "UbiquityDaemon", "UbiquityProtocol", "UbiquityFUSE", "UbiquitySync", "UbiquityReplica", "UbiquityStore", "UbiquityControl", "UbiquityS3",
+                "UbiquityDaemon", "UbiquityProtocol", "UbiquityLocator", "UbiquityFUSE", "UbiquitySync", "UbiquityReplica", "UbiquityStore", "UbiquityControl", "UbiquityS3",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ],
             swiftSettings: swiftSettings),

@@ -63,7 +63,19 @@ runuser -u alice -- sh -c 'echo mine > /home/alice/Own/o.txt'
 check "alice's umount waits for the pushes" "runuser -u alice -- umount /home/alice/Own | grep -q 'every change is in the store'"
 echo "== automount"
 if systemctl status --no-pager mnt-cloud.automount 2>&1 | grep -q "Active: active"; then
-  ls /mnt/cloud >/dev/null
+  ls /mnt/cloud >/dev/null &
+  lister=$!
+  sleep 8
+  if kill -0 "$lister" 2>/dev/null; then
+    # Still waiting: where each process of the mount is (for whoever reads the failure).
+    for dir in /proc/[0-9]*; do
+      grep -qa -e ubiquityfs -e mount.fuse "$dir/cmdline" 2>/dev/null || continue
+      echo "-- ${dir#/proc/} $(tr '\0' ' ' < "$dir/cmdline")"
+      for task in "$dir"/task/*; do echo "  task ${task##*/} $(cat "$task/comm")"; head -n 6 "$task/stack" 2>/dev/null | sed 's/^/    /'; done
+    done
+    tail -n 8 /root/.local/share/ubiquityfs/replicas/*/daemon.log 2>/dev/null
+  fi
+  wait "$lister"
   check "first access mounted fuse.ubiquityfs" "findmnt -n -o FSTYPE /mnt/cloud | tail -n 1 | grep -qx fuse.ubiquityfs"
   journalctl --no-pager -u mnt-cloud.mount | tail -n 6
   check "umount waits for the pushes" "umount /mnt/cloud | grep -q 'every change is in the store'"

@@ -1,6 +1,7 @@
 import ArgumentParser
 import Foundation
 import UbiquityDaemon
+import UbiquityLocator
 import UbiquityFUSE
 import UbiquityProtocol
 import UbiquityReplica
@@ -212,7 +213,13 @@ struct Mount: ParsableCommand {
         var attributes = posix_spawnattr_t()
         posix_spawnattr_init(&attributes)
         defer { posix_spawnattr_destroy(&attributes) }
-        posix_spawnattr_setflags(&attributes, Int16(0x80))   // POSIX_SPAWN_SETSID: survive the terminal
+        // POSIX_SPAWN_SETSID: survive the terminal. Not over an automount
+        // trigger (fstab's x-systemd.automount): systemd's automount lets only
+        // its mount's process group walk to the mountpoint while the mount is
+        // pending, and the daemon must, to mount there.
+        let absolute = (try? Daemon.validateMountpoint(request.mountpoint)) ?? request.mountpoint
+        let overAutomount = MountTable.entries().last(where: { $0.mountpoint == absolute })?.type == "autofs"
+        if !overAutomount { posix_spawnattr_setflags(&attributes, Int16(0x80)) }
 
         var argv: [UnsafeMutablePointer<CChar>?] = arguments.map { strdup($0) } + [nil]
         defer { argv.forEach { free($0) } }
