@@ -841,7 +841,12 @@ def test_evict_then_read_again_and_refusal_while_open_for_writing(make_device):
     eventually(content_is(B / "e.bin", data), what="e.bin reaches B")
     eventually(content_is(B / "ed/1.txt", b"one\n" * 1000), what="ed/1.txt reaches B")
     eventually(content_is(B / "ed/2.txt", b"two\n" * 1000), what="ed/2.txt reaches B")
-    assert os.stat(B / "e.bin").st_blocks > 0
+
+    # A read streams: it may return before the verified download is installed (synced first).
+    def installed():
+        assert os.stat(B / "e.bin").st_blocks > 0, "st_blocks still 0 after reading the file"
+
+    eventually(installed, 10, what="e.bin installed on B after a read")
     cached = status_json(b)["cachedBytes"]
     assert cached >= len(data) + 8000, f"cachedBytes {cached} after reading three files"
 
@@ -853,7 +858,7 @@ def test_evict_then_read_again_and_refusal_while_open_for_writing(make_device):
     after = status_json(b)["cachedBytes"]
     assert after <= cached - len(data), f"cachedBytes {cached} -> {after} after evicting {len(data)} bytes"
     assert read(B / "e.bin") == data, "content after evict + read differs"
-    assert os.stat(B / "e.bin").st_blocks > 0, "st_blocks still 0 after reading the evicted file"
+    eventually(installed, 10, what="the evicted e.bin installed again after a read")
 
     # A folder: everything inside.
     res = b.cli("evict", B / "ed", timeout=30)
