@@ -285,15 +285,13 @@ enum FilePresenters {
     }
 
     /// Run `body` with the presenter on its queue (at once when already on it).
-    static func deliver(_ presenter: any NSFilePresenter, wait: Bool = false, _ body: @escaping @Sendable (any NSFilePresenter) -> Void) {
+    static func deliver(_ presenter: any NSFilePresenter, _ body: @escaping @Sendable (any NSFilePresenter) -> Void) {
         let box = UncheckedBox(presenter)
         if OperationQueue.current === presenter.presentedItemOperationQueue {
             body(presenter)
             return
         }
-        let operation = BlockOperation { body(box.value) }
-        presenter.presentedItemOperationQueue.addOperation(operation)
-        if wait { operation.waitUntilFinished() }
+        presenter.presentedItemOperationQueue.addOperation { body(box.value) }
     }
 
     /// A presenter to ask, for which access, and whether it saves first.
