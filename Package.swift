@@ -53,7 +53,7 @@ let package = Package(
             swiftSettings: swiftSettings),
         .target(
             name: "UbiquitySync",
-            dependencies: ["UbiquityStore", "UbiquityReplica", .product(name: "Logging", package: "swift-log"), .product(name: "GRDB", package: "GRDB.swift")],
+            dependencies: ["UbiquityStore", "UbiquityReplica", "UbiquityProtocol", .product(name: "Logging", package: "swift-log"), .product(name: "GRDB", package: "GRDB.swift")],
             swiftSettings: swiftSettings),
         .target(
             name: "UbiquityFS",

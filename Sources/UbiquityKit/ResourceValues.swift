@@ -1,3 +1,4 @@
+import UbiquityProtocol
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -84,18 +85,6 @@ extension URL {
     }
 
     /// What the mount says of the item (`user.ubiquity.status`).
-    struct ItemStatus: Decodable {
-        var downloadingStatus: String
-        var isDownloading: Bool
-        var percentDownloaded: Int
-        var isUploaded: Bool
-        var isUploading: Bool
-        var hasUnresolvedConflicts: Bool
-        var downloadingError: String?
-        var uploadingError: String?
-        var pinned: Bool
-    }
-
     static func itemStatus(_ path: String) throws -> ItemStatus {
         var buffer = [UInt8](repeating: 0, count: 4096)
         let n = systemGetxattr(path, "user.ubiquity.status", &buffer, buffer.count)

@@ -134,3 +134,35 @@ public struct RecentError: Sendable, Equatable, Codable {
         self.message = message
     }
 }
+
+/// The per-item sync state (`NSMetadataUbiquitousItem…` keys): what the
+/// read-only `user.ubiquity.status` attribute holds as JSON (UbiquityKit's
+/// URL resource values read it), and what `status` and queries report.
+public struct ItemStatus: Sendable, Codable {
+    /// `notDownloaded` (a placeholder), `downloaded` (local, a newer version
+    /// is being fetched) or `current`.
+    public var downloadingStatus: String
+    public var isDownloading: Bool
+    public var percentDownloaded: Int
+    public var isUploaded: Bool
+    public var isUploading: Bool
+    public var hasUnresolvedConflicts: Bool
+    public var conflicts: Int
+    public var downloadingError: String?
+    public var uploadingError: String?
+    public var pinned: Bool
+
+    public init(downloadingStatus: String, isDownloading: Bool, percentDownloaded: Int, isUploaded: Bool, isUploading: Bool,
+                hasUnresolvedConflicts: Bool, conflicts: Int, downloadingError: String?, uploadingError: String?, pinned: Bool) {
+        self.downloadingStatus = downloadingStatus
+        self.isDownloading = isDownloading
+        self.percentDownloaded = percentDownloaded
+        self.isUploaded = isUploaded
+        self.isUploading = isUploading
+        self.hasUnresolvedConflicts = hasUnresolvedConflicts
+        self.conflicts = conflicts
+        self.downloadingError = downloadingError
+        self.uploadingError = uploadingError
+        self.pinned = pinned
+    }
+}

@@ -1,23 +1,7 @@
 import Foundation
 import UbiquityReplica
+import UbiquityProtocol
 import UbiquityStore
-
-/// The per-item sync state (`NSMetadataUbiquitousItem…` keys), for the
-/// status extended attributes, `status` and queries.
-public struct ItemStatus: Sendable, Codable {
-    /// `notDownloaded` (a placeholder), `downloaded` (local, a newer version
-    /// is being fetched) or `current`.
-    public var downloadingStatus: String
-    public var isDownloading: Bool
-    public var percentDownloaded: Int
-    public var isUploaded: Bool
-    public var isUploading: Bool
-    public var hasUnresolvedConflicts: Bool
-    public var conflicts: Int
-    public var downloadingError: String?
-    public var uploadingError: String?
-    public var pinned: Bool
-}
 
 /// One item as a metadata query sees it.
 public struct ItemRecord: Sendable {
