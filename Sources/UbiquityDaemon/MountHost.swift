@@ -434,7 +434,7 @@ final class MountHost: @unchecked Sendable {
             for file in batch { file.host.engine.startDownload(ino: file.ino, keep: true) }
             for (offset, file) in batch.enumerated() {
                 do {
-                    try file.host.engine.waitForContent(ino: file.ino, version: file.version, upTo: file.size)
+                    try file.host.engine.waitUntilDownloaded(ino: file.ino, version: file.version, size: file.size)
                 } catch {
                     let path = shownPath(file.host, file.ino)
                     failures.append("\(path): \(UbiquityError.wrap(error))")

@@ -31,7 +31,7 @@ import Glibc
 /// has bytes, on the CPUs the reader needs (DESIGN.md, "Chunked content
 /// and streaming downloads", has the figures). Once the last stream closes, or it
 /// stops reading for `idleStream` seconds, or someone waits for the whole
-/// file (`waitForContent`: a writer, `ubiquityfs download`), the held
+/// file (`waitUntilDownloaded`: a writer, `ubiquityfs download`), the held
 /// chunks are written and the passed ones fetched again, in the background,
 /// so the file still ends up downloaded, as an open promises. A file
 /// evicted while a reader streams it is not: its download serves the
@@ -652,7 +652,7 @@ extension SyncEngine {
     /// readers to open. `background` downloads (pins, refreshes) come after
     /// those a reader or a `download` waits for; a foreground start makes a
     /// queued background download foreground. `keep`: the caller will wait
-    /// for the whole file (`waitForContent`), which an eviction does not stop.
+    /// for the whole file (`waitUntilDownloaded`), which an eviction does not stop.
     @discardableResult
     public func startDownload(ino: UInt64, background: Bool = false, keep: Bool = false) -> String {
         guard let node = replica.withNamespace({ ns in ns.node(ino) }) else { return replica.cachePath(ino) }
@@ -719,11 +719,11 @@ extension SyncEngine {
         return partial
     }
 
-    /// Wait until bytes `from..<upTo` of version `version` of `ino` are
-    /// verified in the cache file (or that download finished): the file is
-    /// to be kept, so its download holds nothing more in memory.
-    public func waitForContent(ino: UInt64, version: String?, from: UInt64 = 0, upTo: UInt64) throws {
-        _ = try waitFor(ino: ino, version: version, from: from, upTo: upTo, toRead: false)
+    /// Wait until the download of version `version` of `ino` (`size`
+    /// bytes) is over: installed in place of the placeholder, or dropped
+    /// because a newer version arrived meanwhile (the caller looks again).
+    public func waitUntilDownloaded(ino: UInt64, version: String?, size: UInt64) throws {
+        _ = try waitFor(ino: ino, version: version, from: 0, upTo: size, goal: .installed)
     }
 
     /// Wait until a streaming reader can read bytes `from..<upTo` of
@@ -731,10 +731,15 @@ extension SyncEngine {
     /// pinned (in order; nothing returned means all in the cache file). The
     /// chunks of the range nobody fetches yet are put first in the queue.
     public func waitToRead(ino: UInt64, version: String?, from: UInt64, upTo: UInt64) throws -> [PinnedBytes] {
-        try waitFor(ino: ino, version: version, from: from, upTo: upTo, toRead: true)
+        try waitFor(ino: ino, version: version, from: from, upTo: upTo, goal: .readable)
     }
 
-    private func waitFor(ino: UInt64, version: String?, from: UInt64, upTo: UInt64, toRead: Bool) throws -> [PinnedBytes] {
+    /// What a waiter waits for: the range readable (from memory or the
+    /// cache file), or the whole download over (installed or dropped).
+    private enum WaitGoal { case readable, installed }
+
+    private func waitFor(ino: UInt64, version: String?, from: UInt64, upTo: UInt64, goal: WaitGoal) throws -> [PinnedBytes] {
+        let toRead = goal == .readable
         let pool = DownloadPool.shared
         let key = DownloadBoard.JobKey(ino: ino, hash: version)
         pool.monitor.lock()
@@ -749,7 +754,7 @@ extension SyncEngine {
                 throw UbiquityError(EIO, "the content of inode \(ino) is not downloaded")
             }
             if let error = job.error { throw error }
-            if job.isReady(from: from, upTo: upTo, inMemory: toRead) {
+            if goal == .installed ? job.done : job.isReady(from: from, upTo: upTo, inMemory: toRead) {
                 guard toRead else { return [] }
                 downloads.jobs[key]?.lastServed = Date()
                 return pinHeld(key, job, from: from, upTo: upTo)
@@ -825,17 +830,7 @@ extension SyncEngine {
     public func download(ino: UInt64) throws {
         guard let node = replica.withNamespace({ ns in ns.node(ino) }), node.isPlaceholder else { return }
         startDownload(ino: ino, keep: true)
-        try waitForContent(ino: ino, version: node.hash, upTo: node.hashSize)
-        // Every byte is verified; the job is done once the file is installed (or dropped, for a newer version).
-        let key = DownloadBoard.JobKey(ino: ino, hash: node.hash)
-        for _ in 0..<1000 {
-            if replica.withNamespace({ ns in ns.node(ino).map { !$0.isPlaceholder } ?? true }) { return }
-            let job = downloads.withJobs { $0[key] }
-            if let error = job?.error { throw error }
-            if job?.done ?? true { return }
-            Thread.sleep(forTimeInterval: 0.01)
-        }
-        throw UbiquityError(EIO, "the download of inode \(ino) does not finish")
+        try waitUntilDownloaded(ino: ino, version: node.hash, size: node.hashSize)
     }
 
     /// Downloads under way: (items, bytes still to fetch).
