@@ -38,6 +38,11 @@ struct ChangeApplier {
     /// Entries this change set sets (to a node), and the nodes it names.
     var remoteKeys: Set<EntryKey> = []
     var remoteChildren: Set<NodeID> = []
+    /// Files this device brought back from a deletion (version 0, to be
+    /// pushed as made again) that this change set describes: the other
+    /// device brought them back too. Where it names them wins over the
+    /// names given here, so a file never ends with a name from each.
+    var revivedHere: Set<UInt64> = []
     /// Set when applying a snapshot part (`SnapshotPart`): a node's `base` is
     /// its version, and these are the devices that made each file's content.
     var snapshotAuthors: [NodeID: String]?
@@ -71,6 +76,11 @@ struct ChangeApplier {
                let node = ns.node(base), node.kind != .directory, node.id != child, ns.lookup(parent, name) != base {
                 movedByBoth.insert(base)
             }
+        }
+        for change in changeSet.changes {
+            guard case .node(let state) = change, let ino = ns.inoByID[state.id], let node = ns.node(ino),
+                  node.version == 0, node.kind != .directory else { continue }
+            revivedHere.insert(ino)
         }
         for change in changeSet.changes {
             if case .node(let state) = change { applyNode(state, to: &ns) }
@@ -327,18 +337,22 @@ struct ChangeApplier {
         ns.linkEntry(parent, name, child, local: false)
         ns.entryMatchesStore(key)
         if node.unlinked { ns.update(child, local: false) { _ in } }
+        // Moved there, deleted here (not pushed yet): the move wins, and the
+        // folder comes back with what it held.
+        if node.unlinked && node.kind == .directory { restoreContents(deletedHereFrom: child, to: &ns) }
         // Put in a folder removed here (not pushed yet): the folder survives with it.
         if ns.node(parent)?.unlinked == true { resurrections.append(parent) }
-        if movedByBoth.contains(child) { undoLocalMoves(of: child, keeping: key, to: &ns) }
+        if movedByBoth.contains(child) || revivedHere.contains(child) { undoLocalMoves(of: child, keeping: key, to: &ns) }
         // What arrives in a pinned directory is kept on this device.
         if node.kind == .file, ns.node(child)?.isPlaceholder == true, ns.isPinned(child) { changes.refresh.append(child) }
         changes.node(child, contentChanged: false, in: ns)
         changes.node(parent, contentChanged: false, in: ns)
     }
 
-    /// Both devices renamed file `ino` away from the same entry: the committed
-    /// rename wins, so the names given to it here (not pushed yet) go, and
-    /// whatever such a rename replaced comes back.
+    /// Both devices renamed file `ino` away from the same entry (or both
+    /// brought it back from a deletion): the committed name wins, so the
+    /// names given to it here (not pushed yet) go, and whatever such a
+    /// rename replaced comes back.
     mutating func undoLocalMoves(of ino: UInt64, keeping kept: EntryKey, to ns: inout Namespace) {
         for place in ns.entriesNaming(ino) where place != kept && ns.pendingEntries[place] != nil && !remoteKeys.contains(place) {
             trace("[\(deviceName)]   undo local move of \(ns.node(ino)?.id.suffix(6) ?? "?") to \(place.name)")
@@ -354,6 +368,23 @@ struct ChangeApplier {
     }
 
     func nonZero(_ ino: UInt64?) -> UInt64? { ino == 0 ? nil : ino }
+
+    /// Folder `dir`, deleted here and not pushed yet, was moved by the
+    /// other device: what this device removed from it (and from its
+    /// folders, all the way down) goes back where it was, as the store
+    /// still has it.
+    mutating func restoreContents(deletedHereFrom dir: UInt64, to ns: inout Namespace) {
+        let removed = ns.pendingEntries.filter { $0.key.parent == dir && $0.value.base != 0 }
+        for (key, pending) in removed {
+            guard ns.lookup(dir, key.name) == nil, let node = ns.node(pending.base), node.unlinked else { continue }
+            trace("[\(deviceName)]   restore \(node.id.suffix(6)) at \(key.name): its folder moved there")
+            ns.linkEntry(dir, key.name, pending.base, local: false)
+            ns.entryMatchesStore(key)
+            changes.entry(dir, key.name, in: ns)
+            changes.node(pending.base, contentChanged: false, in: ns)
+            if node.kind == .directory { restoreContents(deletedHereFrom: pending.base, to: &ns) }
+        }
+    }
 
     func isAncestor(_ ancestor: UInt64, of ino: UInt64, in ns: Namespace) -> Bool {
         var current: UInt64? = ino
@@ -386,14 +417,19 @@ struct ChangeApplier {
 
     /// Delete what the other device deleted — except what holds local work
     /// not pushed yet (edited content; a directory with such items or with
-    /// items created here), which survives and is pushed again.
+    /// items created here), which survives and is pushed again, and what was
+    /// moved or renamed here (not pushed yet), which survives with
+    /// everything below it: the move wins.
     mutating func applyDeletions(_ deleted: Set<NodeID>, to ns: inout Namespace) {
         // Deepest first, so a directory is decided after its contents.
         let inos = deleted.compactMap { ns.inoByID[$0] }.sorted { depth($0, ns) > depth($1, ns) }
+        let movedHere = Set(inos.filter { ino in ns.entriesNaming(ino).contains { ns.pendingEntries[$0] != nil } })
         for ino in inos {
             guard let node = ns.node(ino) else { continue }
             let survives: Bool
-            if node.kind == .directory {
+            if !movedHere.isEmpty && isInside(ino, anyOf: movedHere, in: ns) {
+                survives = true
+            } else if node.kind == .directory {
                 survives = !ns.entries(of: ino).isEmpty
             } else {
                 survives = node.hasUnpushedContent
@@ -433,6 +469,22 @@ struct ChangeApplier {
             changes.entry(dir, name, in: ns)
             if ns.node(entry.ino)?.kind == .directory { repush(contentsOf: entry.ino, to: &ns) }
         }
+    }
+
+    /// `ino` is one of `tops` or below one of them (through any of its names).
+    func isInside(_ ino: UInt64, anyOf tops: Set<UInt64>, in ns: Namespace) -> Bool {
+        var frontier = [ino]
+        var seen: Set<UInt64> = []
+        while let current = frontier.popLast(), seen.count < 100_000 {
+            if tops.contains(current) { return true }
+            guard seen.insert(current).inserted, current != Namespace.rootIno else { continue }
+            if ns.node(current)?.kind == .directory {
+                if let up = ns.directoryParent[current] { frontier.append(up) }
+            } else {
+                frontier += ns.entriesNaming(current).map(\.parent)
+            }
+        }
+        return false
     }
 
     func depth(_ ino: UInt64, _ ns: Namespace) -> Int {

@@ -589,7 +589,13 @@ public final class SyncEngine: Sendable {
                         n.pushedGeneration = snapshot.generation
                         n.verifiedHash = snapshot.hash
                     }
-                    if n.unlinked { n.pushedGeneration = n.contentGeneration }
+                    if n.unlinked {
+                        // Content written here and deleted before it was pushed is no
+                        // version the store has: if the node comes back (moved on
+                        // another device: the move wins), it comes with the store's.
+                        if n.hasUnpushedContent && n.hasContent { n.hash = nil; n.hashSize = 0 }
+                        n.pushedGeneration = n.contentGeneration
+                    }
                 }
                 if seq != nil { ns.nodeStored(ino) }
                 if ns.dropIfUnreferenced(ino) { dropped.append(ino) }

@@ -104,6 +104,65 @@ import Glibc
         #expect(try a.read("box/loose.txt") == "keep me")
     }
 
+    /// Move beats delete: a folder moved out of a folder that the other
+    /// device deletes survives whole, with what it held, at its new place —
+    /// whichever device commits first.
+    @Test(arguments: [true, false])
+    func aSubtreeMovedOutOfAFolderDeletedElsewhereSurvivesWhole(moverCommitsFirst: Bool) throws {
+        let (a, b) = try pair()
+        defer { a.cleanUp(); b.cleanUp() }
+        try a.mkdir("P")
+        try a.mkdir("P/Q")
+        try a.mkdir("P/Q/S")
+        try a.write("P/Q/deep.txt", "deep")
+        try a.write("P/Q/S/deeper.txt", "deeper")
+        try a.write("P/other.txt", "deleted with P")
+        try a.mkdir("R")
+        try sync(a, b)
+        // a moves P/Q to R/Q; b deletes P and everything in it.
+        try a.fs.rename(parent: try a.resolve("P"), name: "Q", newParent: try a.resolve("R"), newName: "Q", flags: [])
+        let s = try b.resolve("P/Q/S"), q = try b.resolve("P/Q"), p = try b.resolve("P")
+        try b.fs.unlink(parent: s, name: "deeper.txt")
+        try b.fs.rmdir(parent: q, name: "S")
+        try b.fs.unlink(parent: q, name: "deep.txt")
+        try b.fs.rmdir(parent: p, name: "Q")
+        try b.fs.unlink(parent: p, name: "other.txt")
+        try b.fs.rmdir(parent: Namespace.rootIno, name: "P")
+        if moverCommitsFirst {
+            try a.engine.drain(progress: { _, _ in })
+            try sync(b, a)
+        } else {
+            try b.engine.drain(progress: { _, _ in })
+            try sync(a, b)
+        }
+        #expect(try a.tree() == b.tree())
+        #expect(try b.read("R/Q/deep.txt") == "deep")
+        #expect(try b.read("R/Q/S/deeper.txt") == "deeper")
+        #expect(try b.list("").sorted() == ["R"])
+    }
+
+    /// A file renamed on one device and deleted on the other stays, under
+    /// its new name, whichever commits first.
+    @Test(arguments: [true, false])
+    func aFileRenamedHereDeletedThereStays(moverCommitsFirst: Bool) throws {
+        let (a, b) = try pair()
+        defer { a.cleanUp(); b.cleanUp() }
+        try a.write("draft.txt", "keep")
+        try sync(a, b)
+        try a.fs.rename(parent: Namespace.rootIno, name: "draft.txt", newParent: Namespace.rootIno, newName: "final.txt", flags: [])
+        try b.fs.unlink(parent: Namespace.rootIno, name: "draft.txt")
+        if moverCommitsFirst {
+            try a.engine.drain(progress: { _, _ in })
+            try sync(b, a)
+        } else {
+            try b.engine.drain(progress: { _, _ in })
+            try sync(a, b)
+        }
+        #expect(try a.tree() == b.tree())
+        #expect(try b.list("") == ["final.txt"])
+        #expect(try b.read("final.txt") == "keep")
+    }
+
     /// The other device committed a file into a folder first; the folder
     /// removed here (not pushed yet) survives with it, on both devices and
     /// for a third device that had the folder too.

@@ -14,6 +14,7 @@ import ctypes
 import errno
 import json
 import os
+import shutil
 import random
 import re
 import signal
@@ -564,6 +565,44 @@ def test_concurrent_edits_keep_both_as_conflicted_copy(make_device, store_link, 
     eventually(resolved_everywhere, 20, 0.25, "resolve --keep 1 reaches both devices")
     again = a.cli("resolve", str(A / "doc.txt"), "--keep", "current", timeout=30)
     assert again.returncode == 1 and f"{A / 'doc.txt'}: it has no unresolved conflicts" in again.stderr, again
+
+
+@pytest.mark.parametrize("first", ["mover", "deleter"])
+def test_a_folder_moved_out_of_a_folder_deleted_elsewhere_survives_whole(make_device, store_link, first):
+    """Move beats delete (SEMANTICS, conflict rules): one device moves P/Q
+    (holding files and a folder) to R/Q while the other deletes P with
+    `rm -r`; whichever commits first, R/Q survives with all it held, on both
+    devices, and the rest of P stays deleted."""
+    a = new_device(make_device, "a")
+    b = new_device(make_device, "b", store=store_link.path)
+    A, B = a.mountpoint, b.mountpoint
+    files = {"P/Q/deep.txt": b"deep\n", "P/Q/S/deeper.bin": os.urandom(300_000), "P/gone.txt": b"deleted with P\n"}
+    os.makedirs(A / "P/Q/S")
+    os.makedirs(A / "R")
+    for rel, data in files.items():
+        write(A / rel, data)
+    wait_pushed(a)
+    eventually(lambda: [os.stat(B / rel) for rel in files], what="the tree reaches b")
+
+    store_link.cut()
+    wait_offline(b)
+    mover, deleter = (b, a) if first == "deleter" else (a, b)
+    # The online device commits first.
+    os.rename(mover.mountpoint / "P/Q", mover.mountpoint / "R/Q")
+    shutil.rmtree(deleter.mountpoint / "P")
+    wait_pushed(a)
+    time.sleep(0.5)  # b tries (and fails) to push
+    store_link.restore()
+
+    def survived():
+        for dev in (a, b):
+            root = dev.mountpoint
+            assert sorted(os.listdir(root)) == ["R"], f"{dev.name}: {sorted(os.listdir(root))}"
+            assert read(root / "R/Q/deep.txt") == files["P/Q/deep.txt"], dev.name
+            assert read(root / "R/Q/S/deeper.bin") == files["P/Q/S/deeper.bin"], dev.name
+
+    eventually(survived, 30, 0.25, "R/Q with everything it held, on both devices")
+    eventually(digests_equal(a, b), what="tree_digest equal")
 
 
 # --------------------------------------------------------------------------
