@@ -469,13 +469,17 @@ extension FileSystem {
         try commit()
     }
 
-    /// `fsync(2)`: the cache file is synced, then what was written is
-    /// committed and (through a writer's descriptor) acknowledged.
+    /// `fsync(2)`, `fdatasync(2)`: the cache file is synced, then what was
+    /// written is committed and (through a writer's descriptor)
+    /// acknowledged, and every committed change — the file's size, its
+    /// name and its folder's entries among them — is made to survive a
+    /// power loss (`Replica.makeDurable`), as ext4's journal commit does.
     public func fsync(handle: UInt64, dataOnly: Bool) throws {
         let file = try openFileFor(handle)
         try syscallRetrying("fsync cache file") { dataOnly ? fdatasync(file.fd) : Glibc.fsync(file.fd) }
         if file.writable { replica.withNamespace { ns in ns.acknowledgeWrites(file.ino) } }
         try commit()
+        try replica.makeDurable()
     }
 
     public func release(handle: UInt64) throws {
@@ -602,9 +606,11 @@ extension FileSystem {
     }
 
     /// Namespace changes are committed before each operation returns; this
-    /// commits anything still buffered (nothing, normally).
+    /// commits anything still buffered (nothing, normally) and makes every
+    /// committed change survive a power loss (`Replica.makeDurable`).
     public func fsyncdir(handle: UInt64) throws {
         try replica.persist()
+        try replica.makeDurable()
     }
 
     // MARK: - Extended attributes

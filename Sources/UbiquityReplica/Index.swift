@@ -132,6 +132,15 @@ final class Index: Sendable {
         if due { _ = try? db.writeWithoutTransaction { try $0.checkpoint(.passive) } }
     }
 
+    /// Make every committed transaction survive a power loss: a checkpoint
+    /// (SQLite syncs the WAL before copying it, and the database file
+    /// after). False when a reader kept part of the WAL from being copied,
+    /// or it failed: then what it holds may not be on disk yet.
+    func checkpointDurably() -> Bool {
+        guard let result = try? db.writeWithoutTransaction({ try $0.checkpoint(.passive) }) else { return false }
+        return result.checkpointedFrameCount == result.walFrameCount
+    }
+
     /// Move the whole WAL into the database file and empty it (a replica
     /// being closed leaves its index in one file). A failure (a full disk)
     /// leaves the WAL as it is: SQLite replays it on the next open.

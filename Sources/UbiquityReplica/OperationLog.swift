@@ -201,18 +201,34 @@ final class OperationLog: @unchecked Sendable {
     /// Make the current segment the previous one and go on in a new, empty
     /// one. Only while there is no previous segment; on any failure the log
     /// stays as it was (appends go on in the current segment).
+    ///
+    /// The segment set aside is synced, and so are the two names, before
+    /// appends go on: `Replica.makeDurable` then only has the current
+    /// segment to sync. (Rotations come once per few MiB of log.)
     func rotate() {
         guard previousLastSeq == nil, size > 0 else { return }
+        guard fdatasync(fd) == 0 else { return }
         guard rename(path, previousPath) == 0 else { return }
         guard let newFD = try? Self.openSegment(path) else {
             // No room for a new file: keep the one we have.
             _ = rename(previousPath, path)
             return
         }
+        Self.syncDirectory(of: path)
         close(fd)
         fd = newFD
         previousLastSeq = lastSeq
         size = 0
+    }
+
+    /// `fsync` the folder holding `path` (its entries: a file created,
+    /// renamed or removed there). False if it could not be done.
+    @discardableResult
+    static func syncDirectory(of path: String) -> Bool {
+        let dir = open((path as NSString).deletingLastPathComponent, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+        guard dir >= 0 else { return false }
+        defer { close(dir) }
+        return fsync(dir) == 0
     }
 
     static func encode(seq: UInt64, _ ops: [IndexOp]) -> [UInt8] {

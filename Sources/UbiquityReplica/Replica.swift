@@ -28,8 +28,9 @@ import Glibc
 /// downloaded, or read from the cache file). The sync engine pushes only
 /// what the index holds (`committedView`).
 ///
-/// Lock order (outermost first): `Replica.writer` → `Replica.namespace` →
-/// `SpaceReserve.state` → `IndexApplier.condition`. `writer` serializes
+/// Lock order (outermost first): `Replica.synced` → `Replica.writer` →
+/// `Replica.namespace` → `SpaceReserve.state` → `IndexApplier.condition`;
+/// `createdInBuckets` is a leaf. `writer` serializes
 /// appends to the operation log. `namespace` is
 /// held for in-memory work and, in a transaction, for its one index write
 /// (and, on a full disk, the reserve's one system call) — never across
@@ -47,6 +48,12 @@ public final class Replica: Sendable {
     /// daemon had stopped without waiting for `IndexApplier`).
     public let replayedRecords: Int
     let writer = Mutex<Int>(0)
+    /// The last operation log record `makeDurable` synced; held across the
+    /// flush (see there).
+    let synced = Mutex<UInt64>(0)
+    /// Cache folders (`bucket` numbers) in which a cache file was created
+    /// or installed since the last `makeDurable` (a leaf lock).
+    let createdInBuckets = Mutex<Set<UInt64>>([])
     let lockFD: Int32
     let lockReleased = Mutex(false)
     let reserve: SpaceReserve
@@ -158,11 +165,59 @@ public final class Replica: Sendable {
     /// batch it wrote): delete the previous segment once SQLite holds it;
     /// past `logSegmentSize`, empty the log if SQLite holds all of it, or
     /// else rotate it.
+    ///
+    /// SQLite commits with `synchronous=NORMAL` are not synced, while a
+    /// record `makeDurable` synced must survive a power loss: before
+    /// records leave the log, a checkpoint puts what SQLite holds on disk
+    /// (outside `writer`; once per few MiB of log). If it cannot, the
+    /// records stay and the next batch tries again.
     func trimLog(applied: UInt64) {
+        let dropsRecords = writer.withLock { _ -> Bool in
+            if let previous = log.previousLastSeq, applied >= previous { return true }
+            return log.size >= logSegmentSize && applied == log.lastSeq
+        }
+        let indexDurable = dropsRecords && index.checkpointDurably()
         writer.withLock { _ in
-            if let previous = log.previousLastSeq, applied >= previous { log.removePrevious() }
+            if let previous = log.previousLastSeq, applied >= previous, indexDurable { log.removePrevious() }
             guard log.size >= logSegmentSize else { return }
-            if applied == log.lastSeq { log.truncate() } else { log.rotate() }
+            if applied == log.lastSeq {
+                if indexDurable { log.truncate() }
+            } else {
+                log.rotate()
+            }
+        }
+    }
+
+    /// Make every change committed so far survive a power loss (`fsync`,
+    /// `fdatasync`, `fsyncdir` through the mount): the operation log is
+    /// synced, and so are the cache folders in which cache files were
+    /// created or installed since the last time (their names).
+    ///
+    /// Group commit: callers that arrive while a sync is under way wait
+    /// for it, and the next sync covers all of them, so a burst of fsyncs
+    /// from many threads costs a few disk flushes, not one each. Lock
+    /// order: `synced` → `writer`; `writer` is held only to take the log's
+    /// descriptor, never across the flush.
+    public func makeDurable() throws {
+        let target = writer.withLock { _ in log.lastSeq }
+        try synced.withLock { syncedSeq in
+            guard syncedSeq < target || !createdInBuckets.withLock({ $0.isEmpty }) else { return }
+            let (upTo, fd) = writer.withLock { _ in (log.lastSeq, dup(log.fd)) }
+            guard fd >= 0 else { throw UbiquityError.posix("duplicate the operation log's descriptor") }
+            defer { close(fd) }
+            let buckets = createdInBuckets.withLock { buckets in
+                defer { buckets.removeAll() }
+                return buckets
+            }
+            for bucket in buckets {
+                let path = Self.bucketPath(cacheDirectoryPath, bucket)
+                let dir = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+                guard dir >= 0 else { continue }   // removed meanwhile: nothing in it to keep
+                defer { close(dir) }
+                try syscallRetrying("fsync \(path)") { fsync(dir) }
+            }
+            try syscallRetrying("fdatasync \(log.path)") { fdatasync(fd) }
+            syncedSeq = upTo
         }
     }
 
@@ -389,7 +444,13 @@ public final class Replica: Sendable {
     }
 
     static func cachePath(_ cacheDirectoryPath: String, _ ino: UInt64) -> String {
-        cacheDirectoryPath + "/" + String(ino >> 12, radix: 16) + "/" + String(ino)
+        bucketPath(cacheDirectoryPath, bucket(ino)) + "/" + String(ino)
+    }
+
+    static func bucket(_ ino: UInt64) -> UInt64 { ino >> 12 }
+
+    static func bucketPath(_ cacheDirectoryPath: String, _ bucket: UInt64) -> String {
+        cacheDirectoryPath + "/" + String(bucket, radix: 16)
     }
 
     /// The cache file holding the content of `ino`.
@@ -399,6 +460,7 @@ public final class Replica: Sendable {
     /// writing: a spare moved into place when there is one.
     public func createCacheFile(_ ino: UInt64) throws -> Int32 {
         let path = cachePath(ino)
+        createdInBuckets.withLock { _ = $0.insert(Self.bucket(ino)) }
         if spares.take(to: path) {
             // Empty already: no O_TRUNC, which would mark it to be flushed at close (see `SpareCacheFiles`).
             let fd = open(path, O_RDWR | O_CLOEXEC)
@@ -426,6 +488,7 @@ public final class Replica: Sendable {
     /// Move a fully downloaded, verified file into place as the content of `ino`.
     public func installCacheFile(from staged: String, _ ino: UInt64) throws {
         let path = cachePath(ino)
+        createdInBuckets.withLock { _ = $0.insert(Self.bucket(ino)) }
         if rename(staged, path) == 0 { return }
         if errno == ENOENT {
             mkdir((path as NSString).deletingLastPathComponent, 0o700)
