@@ -15,8 +15,9 @@ declare -A groups=(
   # real tools on the mount, watchers of remote changes, the file manager's extension
   # under a headless desktop, the peer for benchmarks; and what checks the packages
   # (Tests/packaging: lintian, man -w, bash/zsh/fish completions, systemd-analyze verify;
-  # Packaging/deb/clean-root-test.sh: debootstrap, systemd-nspawn)
-  [test]="vim git sqlite3 rsync tar attr bindfs rclone fio python3 inotify-tools libglib2.0-bin
+  # Packaging/deb/clean-root-test.sh: debootstrap, systemd-nspawn); python3-pyfuse3 (with trio):
+  # Tests/powercut/lazyfs.py, the power-cut filesystem under Tests/mount/test_powercut.py's replicas
+  [test]="vim git sqlite3 rsync tar attr bindfs rclone fio python3 python3-pyfuse3 inotify-tools libglib2.0-bin
           xvfb xauth dbus dbus-x11 python3-gi python3-nautilus gir1.2-nautilus-4.0 nautilus
           lintian man-db bash-completion zsh fish systemd debootstrap systemd-container"
   # Tests/servers/s3servers.py runs a throwaway one-node Ceph (monitor, OSD on memstore,

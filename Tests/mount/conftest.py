@@ -638,6 +638,138 @@ def device(tmp_path, store, request):
     yield factory("dev")
 
 
+class LazyFS:
+    """Tests/powercut/lazyfs.py serving `backing` at `mountpoint`: a filesystem
+    that loses every file's data written since its last fsync on `cut()` (a
+    simulated power cut; metadata is never lost). Give a device a data home
+    inside `mountpoint` to put its replica there."""
+
+    POWERCUT = REPO / "Tests" / "powercut"
+
+    def __init__(self, base: Path):
+        import importlib.util
+        spec = importlib.util.spec_from_file_location("lazyfs", self.POWERCUT / "lazyfs.py")
+        self._client = importlib.util.module_from_spec(spec)   # its client half needs no pyfuse3
+        spec.loader.exec_module(self._client)
+        self.backing = base / "lazy-backing"
+        self.mountpoint = base / "lazy"
+        self.control = base / "lazy.control"
+        self.backing.mkdir()
+        self.mountpoint.mkdir()
+        self.log = open(base / "lazyfs.log", "wb")
+        self.proc = subprocess.Popen(
+            [self.python(), str(self.POWERCUT / "lazyfs.py"), "serve", str(self.backing), str(self.mountpoint),
+             "--control", str(self.control)],
+            stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+        ready = wait_until(lambda: self.proc.poll() is not None or (
+            self.control.exists() and mount_fstype(self.mountpoint) == "fuse.lazyfs"), 30)
+        if not ready or self.proc.poll() is not None:
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait()
+            lazy_unmount(self.mountpoint)
+            pytest.fail(f"lazyfs did not start:\n{self.log_text()}")
+
+    _python: str | None = None
+
+    @classmethod
+    def python(cls) -> str:
+        """An interpreter with pyfuse3 (Debian's python3-pyfuse3 is /usr/bin/python3's)."""
+        import sys
+        if cls._python:
+            return cls._python
+        for python in (os.environ.get("UBQ_LAZYFS_PYTHON"), "/usr/bin/python3", sys.executable):
+            if python and subprocess.run([python, "-c", "import pyfuse3, trio"], capture_output=True).returncode == 0:
+                cls._python = python
+                return python
+        pytest.fail("no python3 with pyfuse3 for Tests/powercut/lazyfs.py: "
+                    "`bash Packaging/install-deps.sh test` installs python3-pyfuse3 (or set UBQ_LAZYFS_PYTHON)")
+
+    def log_text(self) -> str:
+        self.log.flush()
+        return Path(self.log.name).read_text(errors="replace")
+
+    def cut(self) -> dict:
+        """The power cut: every file's data goes back to what it was at its last fsync."""
+        return self._client.request(str(self.control), "cut")
+
+    def sync(self) -> dict:
+        """Everything written so far becomes durable."""
+        return self._client.request(str(self.control), "sync")
+
+    def status(self) -> dict:
+        return self._client.request(str(self.control), "status")
+
+    @staticmethod
+    def _end_strays(inside: str) -> list[str]:
+        """SIGKILL daemons still running with a data home inside lazyfs (a device
+        whose teardown failed) and detach their mounts: lazyfs must go last."""
+        problems = []
+        needle = b"XDG_DATA_HOME=" + os.fsencode(inside)
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit() or int(entry) == os.getpid():
+                continue
+            try:
+                with open(f"/proc/{entry}/environ", "rb") as f:
+                    env = f.read().split(b"\0")
+            except OSError:
+                continue
+            pid = int(entry)
+            if any(v.startswith(needle) for v in env) and pid_alive(pid):
+                problems.append(f"leftover process {pid} ({_cmdline(pid)}) with its data home on lazyfs; killed")
+                os.kill(pid, signal.SIGKILL)
+                wait_pid_exit(pid, EXIT_TIMEOUT)
+                with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as f:
+                    for line in f:
+                        left, _, right = line.partition(" - ")
+                        if right.split()[1:2] == [f"ubiquityfs:{pid}"]:
+                            lazy_unmount(_unescape_mount_field(left.split()[4]))
+        return problems
+
+    def stop(self) -> list[str]:
+        """Unmount and end lazyfs (devices whose data home is inside it are closed first)."""
+        problems = []
+        inside = str(self.mountpoint) + "/"
+        for dev in list(_LIVE_DEVICES):
+            if str(dev.data_home).startswith(inside):
+                try:
+                    problems += dev.close()
+                except Exception as e:  # noqa: BLE001 - reported; the strays are ended below
+                    problems.append(f"{dev.name}: closing it failed: {e!r}")
+        problems += self._end_strays(inside)
+        if self.proc.poll() is None:
+            try:
+                self._client.request(str(self.control), "stop", timeout=10)
+            except (OSError, RuntimeError) as e:
+                problems.append(f"lazyfs stop: {e}")
+            try:
+                self.proc.wait(EXIT_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                problems.append(f"lazyfs pid {self.proc.pid} still running after stop; killed")
+                self.proc.kill()
+                self.proc.wait()
+        if not lazy_unmount(self.mountpoint):
+            problems.append(f"could not detach {self.mountpoint}")
+        if self.proc.returncode not in (0, None):
+            problems.append(f"lazyfs exited {self.proc.returncode}:\n{self.log_text()}")
+        elif "Traceback" in self.log_text():
+            problems.append(f"lazyfs logged an error:\n{self.log_text()}")
+        self.log.close()
+        return problems
+
+
+@pytest.fixture
+def lazyfs(tmp_path):
+    """A LazyFS under the test's tmp dir, stopped (after the devices in it) at teardown."""
+    if PLAIN:
+        pytest.skip("needs FUSE (UBQ_TEST_PLAIN=1)")
+    fs = LazyFS(tmp_path)
+    yield fs
+    problems = fs.stop()
+    if problems:
+        pytest.fail("lazyfs teardown found problems:\n" + "\n".join(problems), pytrace=False)
+
+
 @pytest.fixture
 def tool_env(tmp_path) -> dict[str, str]:
     """Environment for real tools: private HOME, no user/system git config, C locale."""
