@@ -19,6 +19,8 @@ After the cut, as on ext4:
   the old content or the new one, never a mix, never zeros in the middle
   (a file being rewritten may become a recovered copy beside it: SEMANTICS.md,
   "A crash during a rewrite never replaces the good version");
+- what was pushed before the cut is back on the device (the store and the
+  other devices have it: losing it here for good is a divergence);
 - the daemon still reads large cache files by FUSE passthrough on lazyfs.
 
 `test_harness_*` prove lazyfs has teeth: written straight to it without fsync
@@ -38,6 +40,7 @@ import pytest
 
 from conftest import run
 from test_passthrough import drop_caches, need_passthrough, passing_through, reads_reaching, tracefs  # noqa: F401
+from test_sync import eventually, wait_pushed
 
 pytestmark = pytest.mark.daemon
 
@@ -345,6 +348,27 @@ def test_unsynced_changes_are_whole_or_absent(lazy_device):
                             f"{sum(1 for b in range(0, len(got), 4096) if not got[b:b + 4096].strip(bytes(1)))} "
                             "blocks of zeros")
     assert not problems, "\n".join(problems) + f"\nfolder: {sorted(os.listdir(root))}"
+
+
+def test_changes_pushed_before_the_cut_stay_in_step_with_the_store(lazy_device, make_device):
+    """Written without fsync but pushed: the store (and so every other device)
+    has it, so this device must show it again after the cut, not lose it for good."""
+    dev, lazy = lazy_device
+    root = Path(dev.mountpoint)
+    data = pattern("pushed ", 100 * KiB)
+    (root / "folder").mkdir()
+    write_unsynced(root / "folder/pushed.bin", data)
+    wait_pushed(dev)
+
+    power_cut(dev, lazy)
+    other = make_device("b")
+
+    assert (Path(other.mountpoint) / "folder/pushed.bin").read_bytes() == data, "the store has it"
+
+    def same_on_this_device():
+        assert (root / "folder/pushed.bin").read_bytes() == data
+
+    eventually(same_on_this_device, 10, 0.2, "the device that pushed folder/pushed.bin shows it again")
 
 
 def test_the_daemon_reads_its_cache_files_on_lazyfs_by_passthrough(lazy_device):
