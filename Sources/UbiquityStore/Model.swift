@@ -358,13 +358,26 @@ public struct ContainerConfig: Codable, Hashable, Sendable {
     public var displayName: String
     public var documentScopePublic: Bool
     public var supportedFolderLevels: FolderLevels
+    /// How many days earlier versions and deleted items are kept
+    /// (absent: `defaultRetentionDays`).
+    public var retentionDays: Int?
+    /// Deleted items of journal records up to this one were removed from
+    /// the trash for good (`trash --empty`); absent: none.
+    public var trashEmptiedThrough: UInt64?
+
+    public static let defaultRetentionDays = 30
+    public static let retentionDaysRange = 1...36_500
+
+    /// How long earlier versions and deleted items are kept.
+    public var retention: TimeInterval { Double(retentionDays ?? Self.defaultRetentionDays) * 86_400 }
 
     public init(id: String, displayName: String, documentScopePublic: Bool = false,
-                supportedFolderLevels: FolderLevels = .any) {
+                supportedFolderLevels: FolderLevels = .any, retentionDays: Int? = nil) {
         self.id = id
         self.displayName = displayName
         self.documentScopePublic = documentScopePublic
         self.supportedFolderLevels = supportedFolderLevels
+        self.retentionDays = retentionDays
     }
 
     /// `container.json` as stores hold it: pretty-printed, sorted keys.
@@ -395,6 +408,9 @@ public struct ContainerConfig: Codable, Hashable, Sendable {
         try Self.validate(id: id)
         if let problem = RecordFormat.problem(name: FileName(displayName)) {
             throw UbiquityError(EINVAL, "invalid display name \(RecordFormat.quoted(displayName)): it \(problem) (1 to 255 bytes, no '/' or NUL, not '.' or '..')")
+        }
+        if let days = retentionDays, !Self.retentionDaysRange.contains(days) {
+            throw UbiquityError(EINVAL, "invalid retention of \(days) days: \(Self.retentionDaysRange.lowerBound) to \(Self.retentionDaysRange.upperBound)")
         }
     }
 

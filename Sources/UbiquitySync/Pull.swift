@@ -68,6 +68,7 @@ extension SyncEngine {
                     }
                     all.merge(changed)
                 }
+                indexHistory(records.map { ($0.seq, $0.changeSet) })
                 // Recorded as it is applied; if the index has no room, it
                 // stays queued (and is pulled again after a restart).
                 do {

@@ -51,6 +51,11 @@ extension SyncEngine {
                 }
                 guard let changes else { return nil }
                 try replica.persist(.grows)
+                do {
+                    try history.indexSnapshot(parts, seq: seq, date: record.date)
+                } catch {
+                    logger.warning("\(container): history of the snapshot not indexed (\(UbiquityError.wrap(error).message)); read again later")
+                }
                 logger.info("\(container): started from the snapshot of journal record \(seq) (\(record.nodes) items, written by \(record.deviceName)); replaying the records after it")
                 return (seq, changes)
             } catch let error as UbiquityError where error.errno == EHOSTDOWN {

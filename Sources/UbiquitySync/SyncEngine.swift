@@ -73,6 +73,10 @@ public final class SyncEngine: Sendable {
     let latestSnapshot = Mutex<UInt64?>(nil)
     /// Where packed content is (`Packs.swift`).
     let packs: PackIndex
+    /// The container's history as read from the journal (`History.swift`).
+    let history: HistoryIndex
+    /// When `catchUpHistory` last made sure the history reaches back to the retention limit.
+    let historyBackfilled = Mutex<Date?>(nil)
 
     public init(replica: Replica, store: any Store, container: String, device: DeviceIdentity,
                 logger: Logger, writeBackDelay: Double = 0.2, cacheLimit: UInt64? = nil,
@@ -86,6 +90,7 @@ public final class SyncEngine: Sendable {
         self.cacheLimit = cacheLimit
         self.snapshotInterval = snapshotInterval
         self.packs = PackIndex(directory: replica.directory, logger: logger)
+        self.history = HistoryIndex(directory: replica.directory, logger: logger)
     }
 
     // MARK: - Lifecycle
@@ -108,6 +113,11 @@ public final class SyncEngine: Sendable {
         checking.withLock { $0 = true }
         Thread.run(named: "ubq-check") { [self] in
             checkHeldContent()
+            do {
+                try catchUpHistory()
+            } catch {
+                logger.warning("\(container): the history could not be read back from the store for now: \(UbiquityError.wrap(error).message)")
+            }
             checkThreadDone.signal()
         }
     }
@@ -402,6 +412,7 @@ public final class SyncEngine: Sendable {
             let committed = try commitGate.withLock { _ -> Bool in
                 guard try store.commit(container: container, seq: seq, changeSet: changeSet) else { return false }
                 try settle(batch, seq: seq, snapshots: snapshots)
+                indexHistory([(seq, changeSet)])
                 return true
             }
             if committed {

@@ -98,3 +98,131 @@ extension SyncEngine {
         wake.signal()
     }
 }
+
+/// A version of a file from its history (`ubiquityfs versions --all`):
+/// a content it was committed with, identified by the journal record.
+public struct HistoryVersion: Sendable {
+    /// The journal record that committed this content (what `restore --version` takes).
+    public var id: UInt64
+    /// When it was committed, and by which device.
+    public var committed: Timespec
+    public var device: String
+    public var modified: Timespec
+    public var size: UInt64
+    /// The version the file has now.
+    public var isCurrent: Bool
+}
+
+extension SyncEngine {
+    /// Every content file `ino` was committed with that the retention
+    /// period keeps (each one that was current at some moment within it),
+    /// oldest first. A version survives renames: it belongs to the item.
+    public func history(ino: UInt64) throws -> [HistoryVersion] {
+        let node = try replica.withNamespace { ns -> LocalNode in
+            guard let node = ns.node(ino), !node.unlinked else { throw UbiquityError(ENOENT) }
+            guard node.kind == .file else { throw UbiquityError(EISDIR, "only files have versions") }
+            return node
+        }
+        var versions: [(version: HistoryVersion, hash: String?)] = []
+        for row in history.states(of: node.id) where row.state.kind == .file {
+            if let last = versions.last, last.hash == row.state.hash, last.version.size == row.state.size { continue }
+            versions.append((HistoryVersion(id: row.seq, committed: row.date, device: row.deviceName, modified: row.state.mtime,
+                                            size: row.state.size, isCurrent: false), row.state.hash))
+        }
+        let cutoff = Timespec(nanoseconds: Timespec.now().nanoseconds - Int64(retention() * 1e9))
+        var kept: [HistoryVersion] = []
+        for (index, entry) in versions.enumerated() {
+            let replaced = index + 1 < versions.count ? versions[index + 1].version.committed : nil
+            guard replaced.map({ $0 >= cutoff }) ?? true else { continue }
+            var version = entry.version
+            version.isCurrent = index == versions.count - 1 && entry.hash == node.hash && !node.hasUnpushedContent
+            kept.append(version)
+        }
+        return kept
+    }
+
+    /// Restore version `id` of file `ino` (from `history(ino:)`): as the
+    /// file's current content — a change like an edit, pushed to every
+    /// device, the replaced version staying in the history — or, with
+    /// `destination`, as a new file there. Nothing is downloaded: the file
+    /// names the version's content, which the store holds, and is fetched
+    /// when opened. Returns the restored file's inode.
+    @discardableResult
+    public func restoreVersion(ino: UInt64, id: UInt64, to destination: (parent: UInt64, name: FileName)? = nil) throws -> UInt64 {
+        let nodeID = try replica.withNamespace { ns -> NodeID in
+            guard let node = ns.node(ino), !node.unlinked else { throw UbiquityError(ENOENT) }
+            guard node.kind == .file else { throw UbiquityError(EISDIR, "only files have versions") }
+            return node.id
+        }
+        guard let row = history.states(of: nodeID).last(where: { $0.seq == id && $0.state.kind == .file }) else {
+            throw UbiquityError(ENOENT, "it has no version \(id) (see `ubiquityfs versions --all`)")
+        }
+        try requireInStore(row.state, what: "version \(id)")
+        let now = Timespec.now()
+        let (restored, changes) = try replica.transaction(.mayUseReserve) { ns -> (UInt64, ReplicaChanges) in
+            var changes = ReplicaChanges()
+            let target: UInt64
+            if let destination {
+                guard ns.node(destination.parent)?.kind == .directory, ns.node(destination.parent)?.unlinked == false else {
+                    throw UbiquityError(ENOENT, "the folder to restore into does not exist")
+                }
+                guard ns.lookup(destination.parent, destination.name) == nil else {
+                    throw UbiquityError(EEXIST, "\(destination.name) exists: restore to a free name")
+                }
+                let state = row.state
+                target = ns.createNode(kind: .file, mode: state.mode, uid: state.uid, gid: state.gid, time: now)
+                ns.update(target) { n in n.xattrs = state.xattrs }
+                ns.linkEntry(destination.parent, destination.name, target)
+                changes.entry(destination.parent, destination.name, in: ns)
+            } else {
+                guard let node = ns.node(ino), !node.unlinked else { throw UbiquityError(ENOENT) }
+                guard node.openWriters == 0 else { throw UbiquityError(EBUSY, "it is open for writing") }
+                guard !node.hasUnpushedContent else {
+                    throw UbiquityError(EAGAIN, "it has changes not yet pushed (they would be lost): wait, or restore with --to")
+                }
+                target = ino
+            }
+            ns.update(target) { n in
+                ChangeApplier.takeContent(row.state, into: &n)
+                n.mtime = now
+                n.ctime = now
+                n.author = device.name
+            }
+            changes.node(target, contentChanged: true, in: ns)
+            changes.edited[target] = true
+            return (target, changes)
+        }
+        observer.withLock { $0 }?.replicaChanged(changes)
+        if replica.withNamespace({ $0.isPinned(restored) }) { startDownload(ino: restored, background: true) }
+        wake.signal()
+        return restored
+    }
+
+    /// Throw unless the store holds content `state` names (its blob, its
+    /// pack, or its manifest and every chunk, with the right sizes).
+    func requireInStore(_ state: NodeState, what: String) throws {
+        guard let hash = state.hash, state.size > 0 else { return }
+        func missing(_ blob: String) -> UbiquityError {
+            UbiquityError(EIO, "the store no longer holds the content of \(what) (blob \(blob.prefix(12))… is missing)")
+        }
+        if state.chunked == true {
+            let manifest: ChunkManifest
+            do {
+                manifest = try ChunkManifest.decode(try store.fetchBlob(hash))
+            } catch let error as UbiquityError where error.errno == EHOSTDOWN {
+                throw error
+            } catch {
+                throw missing(hash)
+            }
+            for (index, chunk) in manifest.chunks.enumerated() {
+                let expected = min(manifest.chunkSize, manifest.size - UInt64(index) * manifest.chunkSize)
+                guard try store.blobSize(chunk) == expected else { throw missing(chunk) }
+            }
+            return
+        }
+        if try store.blobSize(hash) == state.size { return }
+        let packed = ([state.pack].compactMap { $0 } + packs.allLocations(of: hash))
+        for location in packed where try (store.blobSize(location.hash) ?? 0) >= location.offset + state.size { return }
+        throw missing(hash)
+    }
+}
