@@ -1,6 +1,7 @@
 import ArgumentParser
 import Foundation
 import UbiquityFUSE
+import UbiquityLocator
 import UbiquityProtocol
 import UbiquityReplica
 import UbiquityStore
@@ -75,13 +76,22 @@ struct Unpin: ParsableCommand {
 
 struct Versions: ParsableCommand {
     static let configuration = CommandConfiguration(
-        abstract: "List the current version of an item and its unresolved conflict versions.")
+        abstract: "List the current version of a file and its unresolved conflict versions; with --all, its history.",
+        discussion: "--all also lists every content the file was pushed with that the retention period keeps (30 days unless the container sets another; each one that was current at some moment within it), oldest first, whatever names the file had: `ubiquityfs restore PATH --version ID` brings one back.")
     @Argument(help: "A file inside a mount.") var path: String
+    @Flag(help: "Also list the file's history.") var all = false
+    @Flag(help: "Print JSON.") var json = false
     func run() throws {
         let (mountpoint, components) = try MountLocator.locate(path)
         let daemon = try MountLocator.daemon(of: mountpoint)
-        let list = try ControlClient.call(socket: daemon.socket, ControlRequest(.versions(path: components)),
+        let list = try ControlClient.call(socket: daemon.socket, ControlRequest(.versions(path: components, all: all)),
                                           expecting: ItemVersions.self)
+        if json {
+            let encoder = JSONEncoder()
+            encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
+            print(String(decoding: try encoder.encode(list), as: UTF8.self))
+            return
+        }
         print("VERSION  DEVICE            MODIFIED              SIZE        PATH")
         for version in list.versions {
             let label = version.label.padding(toLength: 8, withPad: " ", startingAt: 0)
@@ -89,6 +99,130 @@ struct Versions: ParsableCommand {
             let modified = version.modified.padding(toLength: 21, withPad: " ", startingAt: 0)
             let size = formatBytes(version.size).padding(toLength: 11, withPad: " ", startingAt: 0)
             print("\(label) \(device) \(modified) \(size) \(version.path)")
+        }
+        guard let history = list.history else { return }
+        print("\nHISTORY (oldest first)")
+        print("ID        DEVICE            COMMITTED             MODIFIED              SIZE")
+        for entry in history {
+            let id = String(entry.id).padding(toLength: 9, withPad: " ", startingAt: 0)
+            let device = entry.device.padding(toLength: 17, withPad: " ", startingAt: 0)
+            let committed = entry.committed.padding(toLength: 21, withPad: " ", startingAt: 0)
+            let modified = entry.modified.padding(toLength: 21, withPad: " ", startingAt: 0)
+            print("\(id) \(device) \(committed) \(modified) \(formatBytes(entry.size))\(entry.current ? "  (current)" : "")")
+        }
+    }
+}
+
+struct Restore: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Restore an earlier version of a file, or an item from Recently Deleted.",
+        discussion: """
+            ubiquityfs restore PATH --version ID: the version (an ID from `versions --all`) becomes the file's current             content, pushed like an edit; the replaced one stays in the history. With --to OTHER it is restored as a new             file there instead.
+            ubiquityfs restore --deleted ITEM: ITEM is a path `ubiquityfs trash` lists (or an item's ID with --mount);             the item comes back at its old place on every device, a folder with everything deleted with it, under             `NAME (restored)` if the name was taken meanwhile.
+            """)
+    @Argument(help: "A file inside a mount (with --version).") var path: String?
+    @Option(help: "The version to restore (an ID from `ubiquityfs versions --all`).") var version: UInt64?
+    @Option(help: "Restore the version as a new file at this path instead.") var to: String?
+    @Option(help: "A deleted item: its path as `ubiquityfs trash` lists it, or its ID (with --mount).") var deleted: String?
+    @Option(help: "The mount to restore a deleted item's ID in.") var mount: String?
+
+    func validate() throws {
+        if deleted != nil {
+            guard path == nil, version == nil, to == nil else {
+                throw ValidationError("--deleted takes no PATH, --version or --to")
+            }
+        } else {
+            guard path != nil, version != nil else { throw ValidationError("give PATH --version ID, or --deleted ITEM") }
+            guard mount == nil else { throw ValidationError("--mount goes with --deleted") }
+        }
+    }
+
+    func run() throws {
+        let restored: RestoredItem
+        if let deleted {
+            let mountpoint: String, item: String
+            if let mount {
+                mountpoint = resolvedPath(mount)
+                item = deleted.contains("/") ? absolutePath(deleted) : deleted
+            } else if !deleted.contains("/") {
+                // An ID: in the one mount there is, or say which.
+                let mounts = MountLocator.mounts()
+                guard mounts.count == 1 else { throw ValidationError("\(deleted) is an ID: say which mount with --mount") }
+                (mountpoint, item) = (mounts[0], deleted)
+            } else {
+                let absolute = absolutePath(deleted)
+                mountpoint = try MountLocator.locate(absolute).mountpoint
+                item = absolute
+            }
+            let daemon = try MountLocator.daemon(of: mountpoint)
+            restored = try ControlClient.call(socket: daemon.socket, ControlRequest(.restoreDeleted(item: item)),
+                                              expecting: RestoredItem.self)
+        } else if let path, let version {
+            let (mountpoint, components) = try MountLocator.locate(path)
+            var destination: [String]?
+            if let to {
+                let (toMount, toComponents) = try MountLocator.locate(to)
+                guard toMount == mountpoint else { throw UbiquityError(EXDEV, "--to must be in the same mount as \(path)") }
+                destination = toComponents
+            }
+            let daemon = try MountLocator.daemon(of: mountpoint)
+            do {
+                restored = try ControlClient.call(socket: daemon.socket,
+                                                  ControlRequest(.restore(path: components, version: version, to: destination)),
+                                                  expecting: RestoredItem.self)
+            } catch let error as ControlError {
+                throw ControlError(error.code, "\(path): \(error)", errno: error.errno)
+            }
+        } else {
+            return
+        }
+        print("restored \(restored.path)")
+    }
+}
+
+struct Trash: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "List Recently Deleted: what was deleted on any device within the retention period.",
+        discussion: "Each item with the path it had, when and on which device it was deleted; a folder counts the items deleted with it. `ubiquityfs restore --deleted PATH` brings one back; --empty removes them all for good, on every device. Also shown read-only in the mount: see docs/SEMANTICS.md.")
+    @Argument(help: "The mountpoint (default: every ubiquityfs mount of this device).") var mountpoint: String?
+    @Flag(help: "Remove everything in Recently Deleted for good.") var empty = false
+    @Flag(help: "Print JSON (one object per mount).") var json = false
+
+    func run() throws {
+        let mountpoints = mountpoint.map { [resolvedPath($0)] } ?? MountLocator.mounts()
+        if mountpoints.isEmpty { throw UbiquityError(ENOENT, "no ubiquityfs mount") }
+        for path in mountpoints {
+            let daemon: MountRecord
+            do {
+                daemon = try MountLocator.daemon(of: path)
+            } catch {
+                if mountpoint != nil { throw error }
+                continue
+            }
+            if empty {
+                let count = try ControlClient.call(socket: daemon.socket, ControlRequest(.emptyTrash), expecting: ItemCount.self)
+                print("\(path): removed \(count.items) item\(count.items == 1 ? "" : "s") for good")
+                continue
+            }
+            let listing = try ControlClient.call(socket: daemon.socket, ControlRequest(.trash), expecting: TrashListing.self)
+            if json {
+                let encoder = JSONEncoder()
+                encoder.outputFormatting = [.sortedKeys, .withoutEscapingSlashes]
+                print(String(decoding: try encoder.encode(listing), as: UTF8.self))
+                continue
+            }
+            if listing.items.isEmpty {
+                print("\(path): Recently Deleted is empty (items are kept \(listing.retentionDays) days)")
+                continue
+            }
+            print("DELETED               DEVICE            SIZE        PATH")
+            for item in listing.items {
+                let deleted = item.deleted.padding(toLength: 21, withPad: " ", startingAt: 0)
+                let device = item.device.padding(toLength: 17, withPad: " ", startingAt: 0)
+                let size = formatBytes(item.size).padding(toLength: 11, withPad: " ", startingAt: 0)
+                let inside = item.kind == "directory" ? "/ (\(item.items) item\(item.items == 1 ? "" : "s"))" : ""
+                print("\(deleted) \(device) \(size) \(item.path)\(inside)")
+            }
         }
     }
 }

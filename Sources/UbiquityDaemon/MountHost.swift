@@ -205,6 +205,12 @@ final class MountHost: @unchecked Sendable {
     /// path (`/Documents/…` of a drive folder or a Documents mount).
     func shownPath(_ host: ContainerHost, _ ino: UInt64) -> String {
         guard let inner = host.replica.withNamespace({ ns in ns.path(of: ino) }) else { return "inode \(ino)" }
+        return shownPath(host, inner: inner)
+    }
+
+    /// `shownPath` of a path in the container (`/`-prefixed), whether or
+    /// not it exists now.
+    func shownPath(_ host: ContainerHost, inner: String) -> String {
         let root = mountpoint == "/" ? "" : mountpoint
         func belowDocuments(_ prefix: String) -> String? {
             guard inner == "/Documents" || inner.hasPrefix("/Documents/") else { return nil }
@@ -292,13 +298,53 @@ final class MountHost: @unchecked Sendable {
             }
         case .query(let parameters):
             serveQuery(parameters, connection)
-        case .versions(let path):
+        case .versions(let path, let all):
             contentCommand([path], connection) { items in
                 let (host, ino) = items[0]
-                return ItemVersions(versions: try host.engine.versions(ino: ino).map { v in
+                let versions = try host.engine.versions(ino: ino).map { v in
                     ItemVersion(label: v.label, path: v.path, device: v.device, size: UInt64(v.size),
                                 modified: isoDate(Date(timeIntervalSince1970: Double(v.modified.sec))))
-                })
+                }
+                guard all else { return ItemVersions(versions: versions) }
+                try? host.engine.catchUpHistory()
+                func iso(_ t: Timespec) -> String { isoDate(Date(timeIntervalSince1970: Double(t.nanoseconds) / 1e9)) }
+                let history = try host.engine.history(ino: ino).map { v in
+                    HistoryEntry(id: v.id, committed: iso(v.committed), modified: iso(v.modified), size: v.size,
+                                 device: v.device, current: v.isCurrent)
+                }
+                return ItemVersions(versions: versions, history: history)
+            }
+        case .restore(let path, let version, let to):
+            contentCommand([path], connection) { items in
+                let (host, ino) = items[0]
+                var destination: (parent: UInt64, name: FileName)?
+                if let to {
+                    guard let name = to.last else { throw UbiquityError(EINVAL, "restore --to needs a file name") }
+                    let (folderHost, parent) = try locate(to.dropLast().map { FileName($0) })
+                    guard folderHost === host else { throw UbiquityError(EXDEV, "restore --to must name a place in the same container") }
+                    destination = (parent, FileName(name))
+                }
+                let restored = try host.engine.restoreVersion(ino: ino, id: version, to: destination)
+                return RestoredItem(path: shownPath(host, restored))
+            }
+        case .trash:
+            connection.finish(trashListing())
+        case .restoreDeleted(let item):
+            do {
+                connection.finish(try restoreDeleted(item))
+            } catch {
+                connection.fail(error)
+            }
+        case .emptyTrash:
+            do {
+                var count = 0
+                for host in hosts {
+                    count += host.engine.trash().count
+                    try host.engine.emptyTrash()
+                }
+                connection.finish(ItemCount(items: count))
+            } catch {
+                connection.fail(error)
             }
         case .resolve(let paths, let keep):
             let choice: ConflictChoice = switch keep {
@@ -406,6 +452,72 @@ final class MountHost: @unchecked Sendable {
         } catch {
             connection.fail(error)
         }
+    }
+
+    /// The container and the path in it (`/`-separated, no leading `/`) of
+    /// `path`, an absolute path below this mountpoint that need not exist
+    /// (the reverse of `shownPath`).
+    func containerPath(_ path: String) throws -> (ContainerHost, String) {
+        let root = mountpoint == "/" ? "" : mountpoint
+        guard path == root || path.hasPrefix(root + "/") else {
+            throw UbiquityError(EINVAL, "\(path) is not inside the mount at \(mountpoint)")
+        }
+        let names = path.dropFirst(root.count).split(separator: "/").map(String.init)
+        let hosts = self.hosts
+        switch kind {
+        case .container(_, .documents):
+            return (hosts[0], (["Documents"] + names).joined(separator: "/"))
+        case .container:
+            return (hosts[0], names.joined(separator: "/"))
+        case .drive(let drive):
+            if let first = names.first, let folder = drive.currentFolders().first(where: { $0.name.description == first }),
+               let host = hosts.first(where: { $0.id == folder.containerID }) {
+                return (host, (["Documents"] + names.dropFirst()).joined(separator: "/"))
+            }
+            return (hosts[0], names.joined(separator: "/"))
+        }
+    }
+
+    /// Recently Deleted of what this mount shows, as `trash` lists it.
+    func trashListing() -> TrashListing {
+        var entries: [(date: Timespec, entry: TrashEntry)] = []
+        var retention = ContainerConfig.defaultRetentionDays
+        for host in hosts {
+            let config = host.engine.containerConfigOrDefault()
+            retention = config.retentionDays ?? ContainerConfig.defaultRetentionDays
+            try? host.engine.catchUpHistory()
+            for item in host.engine.trash() {
+                let shown = shownPath(host, inner: "/" + item.path)
+                // Only what this mount shows (a Documents mount: not the Data scope).
+                if case .container(_, .documents) = kind, !item.path.hasPrefix("Documents/") { continue }
+                if case .drive = kind, host !== hosts[0], !item.path.hasPrefix("Documents/") { continue }
+                entries.append((item.deleted, TrashEntry(
+                    id: item.id, path: shown, kind: item.kind.rawValue, size: item.size, items: item.items,
+                    deleted: isoDate(Date(timeIntervalSince1970: Double(item.deleted.nanoseconds) / 1e9)), device: item.device)))
+            }
+        }
+        return TrashListing(items: entries.sorted { $0.date > $1.date }.map(\.entry), retentionDays: retention)
+    }
+
+    /// Bring back `item` (a path as `trash` lists it, or an ID).
+    func restoreDeleted(_ item: String) throws -> RestoredItem {
+        if item.hasPrefix("/") {
+            let (host, path) = try containerPath(item)
+            try? host.engine.catchUpHistory()
+            let restored = try host.engine.restoreDeleted(path)
+            return RestoredItem(path: shownPath(host, inner: "/" + restored))
+        }
+        var failure: (any Error)?
+        for host in hosts {
+            do {
+                try? host.engine.catchUpHistory()
+                let restored = try host.engine.restoreDeleted(item)
+                return RestoredItem(path: shownPath(host, inner: "/" + restored))
+            } catch {
+                failure = failure ?? error
+            }
+        }
+        throw failure ?? UbiquityError(ENOENT, "\(item) is not in Recently Deleted")
     }
 
     /// Download every placeholder file named (directories: with `recursive`),

@@ -12,7 +12,7 @@ public struct ProtocolVersion: Sendable, Hashable, Codable, CustomStringConverti
     public var minor: Int
 
     /// The version this build speaks.
-    public static let current = ProtocolVersion(major: 1, minor: 2)
+    public static let current = ProtocolVersion(major: 1, minor: 3)
 
     public init(major: Int, minor: Int) {
         self.major = major

@@ -197,10 +197,77 @@ public struct ItemCount: Sendable, Equatable, Codable {
     public init(items: Int) { self.items = items }
 }
 
-/// `versions`: the current version first, then each unresolved conflict version.
+/// `versions`: the current version first, then each unresolved conflict
+/// version; with `all`, the file's history, oldest first.
 public struct ItemVersions: Sendable, Equatable, Codable {
     public var versions: [ItemVersion]
-    public init(versions: [ItemVersion]) { self.versions = versions }
+    public var history: [HistoryEntry]?
+    public init(versions: [ItemVersion], history: [HistoryEntry]? = nil) {
+        self.versions = versions
+        self.history = history
+    }
+}
+
+/// A content a file was committed with, kept for the retention period.
+public struct HistoryEntry: Sendable, Equatable, Codable {
+    /// What `restore --version` takes.
+    public var id: UInt64
+    /// ISO 8601, UTC: when it was committed, and the file's modification time.
+    public var committed: String
+    public var modified: String
+    public var size: UInt64
+    public var device: String
+    public var current: Bool
+
+    public init(id: UInt64, committed: String, modified: String, size: UInt64, device: String, current: Bool) {
+        self.id = id
+        self.committed = committed
+        self.modified = modified
+        self.size = size
+        self.device = device
+        self.current = current
+    }
+}
+
+/// `restore`, `restoreDeleted`: where the restored item is (absolute).
+public struct RestoredItem: Sendable, Equatable, Codable {
+    public var path: String
+    public init(path: String) { self.path = path }
+}
+
+/// `trash`: Recently Deleted, newest first.
+public struct TrashListing: Sendable, Equatable, Codable {
+    public var items: [TrashEntry]
+    /// Days deleted items are kept.
+    public var retentionDays: Int
+    public init(items: [TrashEntry], retentionDays: Int) {
+        self.items = items
+        self.retentionDays = retentionDays
+    }
+}
+
+public struct TrashEntry: Sendable, Equatable, Codable {
+    public var id: String
+    /// Where it was: absolute, below the mountpoint.
+    public var path: String
+    /// "file", "directory", "symlink", …
+    public var kind: String
+    public var size: UInt64
+    /// Items deleted with a folder.
+    public var items: Int
+    /// ISO 8601, UTC.
+    public var deleted: String
+    public var device: String
+
+    public init(id: String, path: String, kind: String, size: UInt64, items: Int, deleted: String, device: String) {
+        self.id = id
+        self.path = path
+        self.kind = kind
+        self.size = size
+        self.items = items
+        self.deleted = deleted
+        self.device = device
+    }
 }
 
 public struct ItemVersion: Sendable, Equatable, Codable {

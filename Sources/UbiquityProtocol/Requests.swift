@@ -33,8 +33,19 @@ public enum Command: Sendable, Equatable {
     case pin(paths: [[String]])
     /// Stop keeping items on this device. → `ItemCount`
     case unpin(paths: [[String]])
-    /// An item's current version and its conflict versions. → `ItemVersions`
-    case versions(path: [String])
+    /// An item's current version and its conflict versions; with `all`
+    /// (since 1.3), also its history. → `ItemVersions`
+    case versions(path: [String], all: Bool = false)
+    /// Restore version `version` (a `history` id) of the file at `path`, as
+    /// its current content or, with `to`, as a new file there (since 1.3). → `RestoredItem`
+    case restore(path: [String], version: UInt64, to: [String]?)
+    /// Recently Deleted of the containers the mount shows (since 1.3). → `TrashListing`
+    case trash
+    /// Bring back a deleted item: `item` is its path below the mountpoint
+    /// as `trash` lists it, or its ID (since 1.3). → `RestoredItem`
+    case restoreDeleted(item: String)
+    /// Remove everything in Recently Deleted for good (since 1.3). → `ItemCount`
+    case emptyTrash
     /// Resolve the conflicts of items. → `NoResult`
     case resolve(paths: [[String]], keep: ConflictKeep)
     /// A metadata query, with `event` lines. → `QueryFinished`
@@ -70,6 +81,10 @@ public enum Command: Sendable, Equatable {
         case .pin: "pin"
         case .unpin: "unpin"
         case .versions: "versions"
+        case .restore: "restore"
+        case .trash: "trash"
+        case .restoreDeleted: "restoreDeleted"
+        case .emptyTrash: "emptyTrash"
         case .resolve: "resolve"
         case .query: "query"
         case .coordinate: "coordinate"
@@ -191,6 +206,7 @@ extension ControlRequest: Codable {
         case `protocol`, command
         case mountpoint, container, scope, fuseOptions, deviceName, sharedStore
         case paths, path, recursive, keep, reads, writes, deletes, metadataOnly, copy
+        case all, version, to, item
         case predicate, sort, scopes, watch, throttle
     }
 
@@ -218,7 +234,15 @@ extension ControlRequest: Codable {
         case "evict": command = .evict(paths: try c.decode([[String]].self, forKey: .paths))
         case "pin": command = .pin(paths: try c.decode([[String]].self, forKey: .paths))
         case "unpin": command = .unpin(paths: try c.decode([[String]].self, forKey: .paths))
-        case "versions": command = .versions(path: try c.decode([String].self, forKey: .path))
+        case "versions":
+            command = .versions(path: try c.decode([String].self, forKey: .path),
+                                all: try c.decodeIfPresent(Bool.self, forKey: .all) ?? false)
+        case "restore":
+            command = .restore(path: try c.decode([String].self, forKey: .path), version: try c.decode(UInt64.self, forKey: .version),
+                               to: try c.decodeIfPresent([String].self, forKey: .to))
+        case "trash": command = .trash
+        case "restoreDeleted": command = .restoreDeleted(item: try c.decode(String.self, forKey: .item))
+        case "emptyTrash": command = .emptyTrash
         case "resolve":
             command = .resolve(paths: try c.decode([[String]].self, forKey: .paths),
                                keep: try c.decode(ConflictKeep.self, forKey: .keep))
@@ -248,7 +272,7 @@ extension ControlRequest: Codable {
         try c.encode(version, forKey: .protocol)
         try c.encode(command.name, forKey: .command)
         switch command {
-        case .ping, .status, .describe, .unmount:
+        case .ping, .status, .describe, .unmount, .trash, .emptyTrash:
             break
         case .mount(let m):
             try c.encode(m.mountpoint, forKey: .mountpoint)
@@ -262,8 +286,15 @@ extension ControlRequest: Codable {
             try c.encode(recursive, forKey: .recursive)
         case .evict(let paths), .pin(let paths), .unpin(let paths):
             try c.encode(paths, forKey: .paths)
-        case .versions(let path):
+        case .versions(let path, let all):
             try c.encode(path, forKey: .path)
+            if all { try c.encode(true, forKey: .all) }
+        case .restore(let path, let version, let to):
+            try c.encode(path, forKey: .path)
+            try c.encode(version, forKey: .version)
+            try c.encodeIfPresent(to, forKey: .to)
+        case .restoreDeleted(let item):
+            try c.encode(item, forKey: .item)
         case .resolve(let paths, let keep):
             try c.encode(paths, forKey: .paths)
             try c.encode(keep, forKey: .keep)

@@ -43,6 +43,14 @@ struct ChangeApplier {
     /// device brought them back too. Where it names them wins over the
     /// names given here, so a file never ends with a name from each.
     var revivedHere: Set<UInt64> = []
+    /// Applying a record this device committed that its replica lost (a
+    /// crash or power cut between the commit and the index recording it):
+    /// what it holds is this device's own work, never a conflict with it.
+    var ownRecord = false
+    /// For `ownRecord`: the hash of the local content of files changed here
+    /// and not pushed (as far as this device knows), to tell whether that
+    /// content is what the record holds.
+    var localHashes: [UInt64: String] = [:]
     /// Set when applying a snapshot part (`SnapshotPart`): a node's `base` is
     /// its version, and these are the devices that made each file's content.
     var snapshotAuthors: [NodeID: String]?
@@ -144,6 +152,19 @@ struct ChangeApplier {
             return
         }
         let contentDiffers = local.kind == .file && (state.hash != local.hash || state.size != local.hashSize)
+        if ownRecord, local.hasUnpushedContent, !local.unlinked, let hash = state.hash,
+           localHashes[ino] == hash, local.size == state.size {
+            // This very content was pushed: it is the stored version now.
+            ns.update(ino, local: false) { n in
+                n.version = seq
+                n.hash = hash
+                n.hashSize = state.size
+                n.chunked = state.chunked ?? false
+                n.pushedGeneration = n.contentGeneration
+                n.verifiedHash = hash
+            }
+            return
+        }
         if contentDiffers && local.hasUnpushedContent && !local.unlinked {
             splitConflict(ino, remote: state, to: &ns)
             return

@@ -38,11 +38,14 @@ extension SyncEngine {
                     all.merge(PackIndex.locations(in: record.changeSet?.changes ?? [])) { $1 }
                 }, own: false)
                 if let release = observer.withLock({ $0 })?.pullWillChange({ affectedPaths(records) }) { releases.append(release) }
+                let ownHashes = hashesOfLocalContent(namedBy: records)
                 for record in records {
                     let changed = replica.withNamespace { ns -> ReplicaChanges in
                         guard record.seq == ns.appliedSeq + 1 else { return ReplicaChanges() }
-                        // This device's own records were applied when it made them.
-                        let remote = record.changeSet.flatMap { $0.device == device.id ? nil : $0 }
+                        // This device's own records were applied when it made them, unless
+                        // its replica lost that (a crash or power cut before the index had it):
+                        // then they apply like another device's, as this device's own work.
+                        let remote = record.changeSet
                         let problem: String?
                         switch record.content {
                         case .invalid(let reason): problem = reason
@@ -57,6 +60,11 @@ extension SyncEngine {
                         var changed = ReplicaChanges()
                         if let remote {
                             var applier = ChangeApplier(seq: record.seq, deviceName: device.name)
+                            if remote.device == device.id {
+                                logger.warning("\(container): journal record \(record.seq) was committed by this device but its replica lost it (a crash or power loss): applied again")
+                                applier.ownRecord = true
+                                applier.localHashes = ownHashes
+                            }
                             ns.entryHistory = EntryHistory()
                             applier.apply(remote, to: &ns)
                             changed = applier.changes
@@ -88,6 +96,33 @@ extension SyncEngine {
         for ino in all.dropped { replica.removeCacheFile(ino) }
         if let unrecorded { throw unrecorded }
         return all
+    }
+
+    /// For this device's own records among `records` (read back only when
+    /// the replica lost them): the hash of each file they describe that
+    /// has local content not pushed as far as the replica knows, so the
+    /// applier can tell this device's pushed content from newer work.
+    func hashesOfLocalContent(namedBy records: [JournalRecord]) -> [UInt64: String] {
+        let states = records.compactMap { $0.changeSet }.filter { $0.device == device.id }.flatMap { set in
+            set.changes.compactMap { change -> NodeState? in
+                if case .node(let state) = change, state.kind == .file, state.hash != nil, state.chunked != true { return state }
+                return nil
+            }
+        }
+        guard !states.isEmpty else { return [:] }
+        let candidates = replica.withNamespace { ns in
+            states.compactMap { state -> (UInt64, UInt64)? in
+                guard let ino = ns.inoByID[state.id], let node = ns.node(ino), node.hasContent, node.hasUnpushedContent,
+                      node.size == state.size else { return nil }
+                return (ino, state.size)
+            }
+        }
+        var hashes: [UInt64: String] = [:]
+        for (ino, size) in candidates {
+            guard let data = FileManager.default.contents(atPath: replica.cachePath(ino)), UInt64(data.count) == size else { continue }
+            hashes[ino] = ContentCopy.hash(of: data)
+        }
+        return hashes
     }
 
     /// The paths (in the container) that other devices' change sets in

@@ -46,7 +46,7 @@ extension SyncEngine {
     }
 
     /// The container's configuration, or the defaults if the store does not answer.
-    func containerConfigOrDefault() -> ContainerConfig {
+    public func containerConfigOrDefault() -> ContainerConfig {
         ((try? store.containerConfig(container)) ?? nil) ?? ContainerConfig(id: container, displayName: container)
     }
 

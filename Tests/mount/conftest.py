@@ -33,7 +33,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(os.environ.get("UBIQUITYFS_BIN") or REPO / ".build" / "debug" / "ubiquityfs")
 # The control protocol the binary speaks (docs/PROTOCOL.md), for tests that talk to a daemon's socket directly.
-CONTROL_PROTOCOL = "1.2"
+CONTROL_PROTOCOL = "1.3"
 PLAIN = os.environ.get("UBQ_TEST_PLAIN", "") == "1"
 
 
