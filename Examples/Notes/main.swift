@@ -17,6 +17,11 @@
 //   ubiquitykit-notes [--container ID] resolve NAME (mine | VERSION)
 //       mine: keep the note's current text; VERSION (from `conflicts`): make
 //       that version the note's text; the other versions go, on every device
+//   ubiquitykit-notes [--container ID] history NAME
+//       the note's earlier versions (NSFileVersion.otherVersionsOfItem),
+//       newest first, with device, date and text
+//   ubiquitykit-notes [--container ID] revert NAME N
+//       make earlier version N (from `history`) the note's text, on every device
 //   ubiquitykit-notes [--container ID] delete NAME
 import UbiquityKit
 
@@ -178,6 +183,30 @@ func resolve(_ url: URL, keep: String) throws {
     say("resolved")
 }
 
+/// The note's earlier versions, newest first, numbered for `revert`.
+func earlierVersions(_ url: URL) -> [NSFileVersion] {
+    (NSFileVersion.otherVersionsOfItem(at: url) ?? []).filter { !$0.isConflict }
+}
+
+func history(_ url: URL) {
+    let versions = earlierVersions(url)
+    say("earlier versions: \(versions.count)")
+    for (index, version) in versions.enumerated() {
+        let text = (try? String(contentsOf: version.url, encoding: .utf8)) ?? "?"
+        let date = version.modificationDate.map { ISO8601DateFormatter().string(from: $0) } ?? "?"
+        say("  \(index + 1): from \(version.localizedNameOfSavingComputer ?? "?") at \(date): \(text)")
+    }
+}
+
+func revert(_ url: URL, to number: String) throws {
+    let versions = earlierVersions(url)
+    guard let number = Int(number), versions.indices.contains(number - 1) else {
+        throw Failure(description: "revert takes a version number from `history` (1–\(versions.count))")
+    }
+    _ = try versions[number - 1].replaceItem(at: url)
+    say("reverted")
+}
+
 /// A coordinated deletion: presenters of the note (its open documents) are told first.
 func delete(_ url: URL) throws {
     var coordinationError: NSError?
@@ -237,10 +266,14 @@ Task { @MainActor in
             conflicts(noteURL(folder, words[1]))
         case ("resolve", 3):
             try resolve(noteURL(folder, words[1]), keep: words[2])
+        case ("history", 2):
+            history(noteURL(folder, words[1]))
+        case ("revert", 3):
+            try revert(noteURL(folder, words[1]), to: words[2])
         case ("delete", 2):
             try delete(noteURL(folder, words[1]))
         default:
-            say("usage: ubiquitykit-notes [--container ID] list [--watch S] | show NAME | write NAME TEXT | edit NAME [--linger S] | conflicts NAME | resolve NAME (mine|VERSION) | delete NAME")
+            say("usage: ubiquitykit-notes [--container ID] list [--watch S] | show NAME | write NAME TEXT | edit NAME [--linger S] | conflicts NAME | resolve NAME (mine|VERSION) | history NAME | revert NAME N | delete NAME")
             exit(64)
         }
         exit(0)

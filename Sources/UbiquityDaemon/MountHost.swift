@@ -3,6 +3,7 @@ import Logging
 import Synchronization
 import UbiquityFS
 import UbiquityFUSE
+import UbiquityLocator
 import UbiquityProtocol
 import UbiquityReplica
 import UbiquityS3
@@ -326,6 +327,16 @@ final class MountHost: @unchecked Sendable {
                 }
                 let restored = try host.engine.restoreVersion(ino: ino, id: version, to: destination)
                 return RestoredItem(path: shownPath(host, restored))
+            }
+        case .fetchVersion(let path, let version, let destination):
+            contentCommand([path], connection) { items in
+                guard destination.hasPrefix("/"), !MountTable.ubiquityMounts().contains(where: {
+                    destination == $0.mountpoint || destination.hasPrefix($0.mountpoint == "/" ? "/" : $0.mountpoint + "/")
+                }) else {
+                    throw UbiquityError(EINVAL, "\(destination): a version is written to an absolute path outside every ubiquityfs mount")
+                }
+                try items[0].0.engine.writeVersion(ino: items[0].1, id: version, to: destination)
+                return NoResult()
             }
         case .trash:
             connection.finish(trashListing())

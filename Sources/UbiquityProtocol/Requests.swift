@@ -39,6 +39,10 @@ public enum Command: Sendable, Equatable {
     /// Restore version `version` (a `history` id) of the file at `path`, as
     /// its current content or, with `to`, as a new file there (since 1.3). → `RestoredItem`
     case restore(path: [String], version: UInt64, to: [String]?)
+    /// Write the content of version `version` of the file at `path` into a
+    /// new file at `destination`, an absolute path outside every mount
+    /// (`NSFileVersion.url`; since 1.3). → `NoResult`
+    case fetchVersion(path: [String], version: UInt64, destination: String)
     /// Recently Deleted of the containers the mount shows (since 1.3). → `TrashListing`
     case trash
     /// Bring back a deleted item: `item` is its path below the mountpoint
@@ -82,6 +86,7 @@ public enum Command: Sendable, Equatable {
         case .unpin: "unpin"
         case .versions: "versions"
         case .restore: "restore"
+        case .fetchVersion: "fetchVersion"
         case .trash: "trash"
         case .restoreDeleted: "restoreDeleted"
         case .emptyTrash: "emptyTrash"
@@ -206,7 +211,7 @@ extension ControlRequest: Codable {
         case `protocol`, command
         case mountpoint, container, scope, fuseOptions, deviceName, sharedStore
         case paths, path, recursive, keep, reads, writes, deletes, metadataOnly, copy
-        case all, version, to, item
+        case all, version, to, item, destination
         case predicate, sort, scopes, watch, throttle
     }
 
@@ -240,6 +245,9 @@ extension ControlRequest: Codable {
         case "restore":
             command = .restore(path: try c.decode([String].self, forKey: .path), version: try c.decode(UInt64.self, forKey: .version),
                                to: try c.decodeIfPresent([String].self, forKey: .to))
+        case "fetchVersion":
+            command = .fetchVersion(path: try c.decode([String].self, forKey: .path), version: try c.decode(UInt64.self, forKey: .version),
+                                    destination: try c.decode(String.self, forKey: .destination))
         case "trash": command = .trash
         case "restoreDeleted": command = .restoreDeleted(item: try c.decode(String.self, forKey: .item))
         case "emptyTrash": command = .emptyTrash
@@ -295,6 +303,10 @@ extension ControlRequest: Codable {
             try c.encodeIfPresent(to, forKey: .to)
         case .restoreDeleted(let item):
             try c.encode(item, forKey: .item)
+        case .fetchVersion(let path, let version, let destination):
+            try c.encode(path, forKey: .path)
+            try c.encode(version, forKey: .version)
+            try c.encode(destination, forKey: .destination)
         case .resolve(let paths, let keep):
             try c.encode(paths, forKey: .paths)
             try c.encode(keep, forKey: .keep)

@@ -16,6 +16,12 @@ import UbiquityStore
 /// the snapshot a new device started from, back to the retention limit.
 /// Rows are states, not events: indexing a record twice changes nothing.
 ///
+/// A file saved the way editors and `UIDocument` save (a new file renamed
+/// over the old one) is a new node each time: the node that takes a name
+/// from another file *succeeds* it (`succession`), and a file's history is
+/// its own states and those of the files it succeeded, so its versions go
+/// on across saves; the replaced nodes are not "deleted items".
+///
 /// `indexed` is the one range of record numbers known to be indexed
 /// (`low...high`, contiguous); a record past `high + 1` is indexed all
 /// the same but does not move it, so the gap is read again.
@@ -55,6 +61,11 @@ final class HistoryIndex: Sendable {
         CREATE TABLE IF NOT EXISTS deletion(node TEXT NOT NULL, seq INTEGER NOT NULL, date INTEGER NOT NULL,
                                             device TEXT NOT NULL, PRIMARY KEY(node, seq)) WITHOUT ROWID;
         CREATE INDEX IF NOT EXISTS deletion_date ON deletion(date);
+        CREATE TABLE IF NOT EXISTS entry(parent TEXT NOT NULL, name BLOB NOT NULL, seq INTEGER NOT NULL, child TEXT,
+                                         PRIMARY KEY(parent, name, seq)) WITHOUT ROWID;
+        CREATE TABLE IF NOT EXISTS succession(node TEXT NOT NULL, previous TEXT NOT NULL, seq INTEGER NOT NULL,
+                                              PRIMARY KEY(node, previous)) WITHOUT ROWID;
+        CREATE INDEX IF NOT EXISTS succession_previous ON succession(previous);
         CREATE TABLE IF NOT EXISTS indexed(id INTEGER PRIMARY KEY CHECK (id = 1), low INTEGER NOT NULL,
                                            high INTEGER NOT NULL);
         """
@@ -125,6 +136,8 @@ final class HistoryIndex: Sendable {
                                              deviceName: part.authors[state.id] ?? part.changeSet.deviceName, db)
                     case .entry(let parent, let name, let child?):
                         try Self.insertName(child, seq: seq, parent: parent, name: name, db)
+                        try db.execute(sql: "INSERT OR REPLACE INTO entry(parent, name, seq, child) VALUES (?, ?, ?, ?)",
+                                       arguments: [parent, Data(name.bytes), Int64(seq), child])
                     default:
                         break
                     }
@@ -156,10 +169,8 @@ final class HistoryIndex: Sendable {
             switch change {
             case .node(let state):
                 try insertState(state, seq: seq, date: date, deviceName: deviceName, db)
-            case .entry(let parent, let name, let child?):
-                try insertName(child, seq: seq, parent: parent, name: name, db)
-            case .entry:
-                break
+            case .entry(let parent, let name, let child):
+                try insertEntry(parent, name, child, seq: seq, db)
             case .deleteNode(let id, _):
                 try db.execute(sql: "INSERT OR REPLACE INTO deletion(node, seq, date, device) VALUES (?, ?, ?, ?)",
                                arguments: [id, Int64(seq), date.nanoseconds, deviceName])
@@ -173,6 +184,25 @@ final class HistoryIndex: Sendable {
                        arguments: [state.id, Int64(seq), date.nanoseconds, deviceName, encoded])
     }
 
+    /// An entry change: the name it gives (if any), and whether it passes
+    /// the name from one file to another (`succession`).
+    private static func insertEntry(_ parent: NodeID, _ name: FileName, _ child: NodeID?, seq: UInt64, _ db: Database) throws {
+        let bytes = Data(name.bytes)
+        if let child {
+            try insertName(child, seq: seq, parent: parent, name: name, db)
+            if let previous = try String.fetchOne(db, sql: "SELECT child FROM entry WHERE parent = ? AND name = ? AND seq < ? ORDER BY seq DESC LIMIT 1",
+                                                  arguments: [parent, bytes, Int64(seq)]),
+               previous != child,
+               let state = try Data.fetchOne(db, sql: "SELECT state FROM state WHERE node = ? ORDER BY seq DESC LIMIT 1", arguments: [child]),
+               (try? JSONDecoder().decode(NodeState.self, from: state))?.kind == .file {
+                try db.execute(sql: "INSERT OR IGNORE INTO succession(node, previous, seq) VALUES (?, ?, ?)",
+                               arguments: [child, previous, Int64(seq)])
+            }
+        }
+        try db.execute(sql: "INSERT OR REPLACE INTO entry(parent, name, seq, child) VALUES (?, ?, ?, ?)",
+                       arguments: [parent, bytes, Int64(seq), child])
+    }
+
     private static func insertName(_ child: NodeID, seq: UInt64, parent: NodeID, name: FileName, _ db: Database) throws {
         try db.execute(sql: "INSERT OR REPLACE INTO name(node, seq, parent, name) VALUES (?, ?, ?, ?)",
                        arguments: [child, Int64(seq), parent, Data(name.bytes)])
@@ -180,12 +210,36 @@ final class HistoryIndex: Sendable {
 
     // MARK: Reading
 
-    /// Every state of `node` this device knows, oldest first.
-    func states(of node: NodeID) -> [StateRow] {
+    /// Every state of `node` this device knows, oldest first; with
+    /// `lineage`, also those of the files it succeeded (their states before
+    /// it took their name).
+    func states(of node: NodeID, lineage: Bool = false) -> [StateRow] {
         (try? db.read { db in
-            try Row.fetchAll(db, sql: "SELECT seq, date, device, state FROM state WHERE node = ? ORDER BY seq",
-                             arguments: [node]).compactMap(Self.stateRow)
+            var rows = try Row.fetchAll(db, sql: "SELECT seq, date, device, state FROM state WHERE node = ? ORDER BY seq",
+                                        arguments: [node]).compactMap(Self.stateRow)
+            guard lineage else { return rows }
+            var frontier = [(node, UInt64.max)]
+            var seen: Set<String> = [node]
+            while let (current, until) = frontier.popLast(), seen.count < 10_000 {
+                for row in try Row.fetchAll(db, sql: "SELECT previous, seq FROM succession WHERE node = ?", arguments: [current]) {
+                    let previous: String = row["previous"]
+                    let taken = min(until, UInt64(bitPattern: row["seq"] as Int64))
+                    guard seen.insert(previous).inserted else { continue }
+                    rows += try Row.fetchAll(db, sql: "SELECT seq, date, device, state FROM state WHERE node = ? AND seq < ? ORDER BY seq",
+                                             arguments: [previous, Int64(taken)]).compactMap(Self.stateRow)
+                    frontier.append((previous, taken))
+                }
+            }
+            return rows.sorted { $0.seq < $1.seq }
         }) ?? []
+    }
+
+    /// Whether another file took `node`'s name (a save that replaced it).
+    func wasSucceeded(_ node: NodeID) -> Bool {
+        let found = try? db.read { db in
+            try Bool.fetchOne(db, sql: "SELECT EXISTS(SELECT 1 FROM succession WHERE previous = ?)", arguments: [node])
+        }
+        return (found ?? nil) ?? false
     }
 
     /// The state `node` had just before record `seq`.

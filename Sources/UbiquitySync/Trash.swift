@@ -6,7 +6,8 @@ import UbiquityStore
 /// period, read from the history (`History.swift`), and bringing it back.
 ///
 /// A deleted item is a node the journal deleted that no device brought
-/// back since. Its last state and the place it had come from the history;
+/// back since, and that no other file replaced at its name (a save by
+/// rename: its content is among that file's versions). Its last state and the place it had come from the history;
 /// the store still holds its content (the collector keeps what the
 /// retention period covers). Items deleted *with* a folder — by the same
 /// device, at most `togetherWindow` before the folder itself, as `rm -r`
@@ -60,7 +61,7 @@ extension SyncEngine {
         let alive = replica.withNamespace { ns in
             Set(rows.map(\.node).filter { id in ns.inoByID[id].flatMap { ns.node($0) }.map { !$0.unlinked } ?? false })
         }
-        for row in rows where out[row.node] == nil && !alive.contains(row.node) {
+        for row in rows where out[row.node] == nil && !alive.contains(row.node) && !history.wasSucceeded(row.node) {
             guard let state = history.state(of: row.node, before: row.seq)?.state,
                   let place = history.place(of: row.node, before: row.seq) else { continue }
             out[row.node] = Deleted(row: row, state: state, parent: place.parent, name: place.name)

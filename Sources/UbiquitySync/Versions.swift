@@ -124,7 +124,7 @@ extension SyncEngine {
             return node
         }
         var versions: [(version: HistoryVersion, hash: String?)] = []
-        for row in history.states(of: node.id) where row.state.kind == .file {
+        for row in history.states(of: node.id, lineage: true) where row.state.kind == .file {
             if let last = versions.last, last.hash == row.state.hash, last.version.size == row.state.size { continue }
             versions.append((HistoryVersion(id: row.seq, committed: row.date, device: row.deviceName, modified: row.state.mtime,
                                             size: row.state.size, isCurrent: false), row.state.hash))
@@ -154,7 +154,7 @@ extension SyncEngine {
             guard node.kind == .file else { throw UbiquityError(EISDIR, "only files have versions") }
             return node.id
         }
-        guard let row = history.states(of: nodeID).last(where: { $0.seq == id && $0.state.kind == .file }) else {
+        guard let row = history.states(of: nodeID, lineage: true).last(where: { $0.seq == id && $0.state.kind == .file }) else {
             throw UbiquityError(ENOENT, "it has no version \(id) (see `ubiquityfs versions --all`)")
         }
         try requireInStore(row.state, what: "version \(id)")
@@ -196,6 +196,40 @@ extension SyncEngine {
         if replica.withNamespace({ $0.isPinned(restored) }) { startDownload(ino: restored, background: true) }
         wake.signal()
         return restored
+    }
+
+    /// Write the content of version `id` of file `ino` (from
+    /// `history(ino:)`) into a new file at `path`, outside any mount
+    /// (`NSFileVersion.url` of an earlier version): every byte verified
+    /// against its hash, written to `path.part` and renamed into place.
+    public func writeVersion(ino: UInt64, id: UInt64, to path: String) throws {
+        let nodeID = try replica.withNamespace { ns -> NodeID in
+            guard let node = ns.node(ino), !node.unlinked, node.kind == .file else { throw UbiquityError(ENOENT) }
+            return node.id
+        }
+        guard let state = history.states(of: nodeID, lineage: true).last(where: { $0.seq == id && $0.state.kind == .file })?.state else {
+            throw UbiquityError(ENOENT, "it has no version \(id)")
+        }
+        let partial = path + ".part"
+        let fd = try syscallRetrying("create \(partial)") { open(partial, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600) }
+        var done = false
+        defer {
+            close(fd)
+            if !done { unlink(partial) }
+        }
+        if let hash = state.hash, state.size > 0 {
+            if state.chunked == true {
+                let manifest = try ChunkManifest.decode(try store.fetchBlob(hash))
+                for (index, chunk) in manifest.chunks.enumerated() {
+                    let offset = UInt64(index) * manifest.chunkSize
+                    try store.copyBlob(chunk, size: Int(min(manifest.chunkSize, manifest.size - offset)), into: fd, at: offset)
+                }
+            } else {
+                try ContentCopy.write(try fetchContent(hash, size: state.size), to: fd, at: 0)
+            }
+        }
+        try syscallRetrying("rename \(partial)") { rename(partial, path) }
+        done = true
     }
 
     /// Throw unless the store holds content `state` names (its blob, its

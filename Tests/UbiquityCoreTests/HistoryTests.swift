@@ -61,6 +61,24 @@ import Glibc
         }
     }
 
+    /// Saved the way editors save (a new file renamed over the old one):
+    /// the versions go on across saves, and the replaced files are not
+    /// deleted items.
+    @Test func atomicSavesKeepOneHistory() throws {
+        let a = try TestDevice(store: store, name: "laptop")
+        defer { a.cleanUp() }
+        for text in ["one", "two!", "three"] {
+            try a.write(".doc.txt.tmp", text)
+            try a.fs.rename(parent: Namespace.rootIno, name: ".doc.txt.tmp", newParent: Namespace.rootIno, newName: "doc.txt", flags: [])
+            try push(a)
+        }
+        let versions = try a.engine.history(ino: try a.resolve("doc.txt"))
+        #expect(versions.map(\.size) == [3, 4, 5])
+        #expect(a.engine.trash().isEmpty)
+        try a.engine.restoreVersion(ino: try a.resolve("doc.txt"), id: versions[0].id)
+        #expect(try a.read("doc.txt") == "one")
+    }
+
     @Test func aDeviceThatJoinsLaterReadsTheHistoryFromTheStore() throws {
         let a = try TestDevice(store: store, name: "laptop")
         defer { a.cleanUp() }

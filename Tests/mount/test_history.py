@@ -19,16 +19,7 @@ import json
 import os
 import shutil
 
-from test_sync import eventually, new_device, read, wait_pushed, write
-
-
-def until(get, ok, what):
-    """Call `get` until `ok` accepts its value; return that value."""
-    def check():
-        value = get()
-        assert ok(value), f"{what}: {value!r}"
-        return value
-    return eventually(check, 30, 0.2, what)
+from test_sync import eventually, new_device, read, until, wait_pushed, write
 
 
 def history(dev, path):

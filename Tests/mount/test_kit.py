@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from conftest import BIN, store_args
-from test_sync import eventually, store_link, wait_offline, wait_pushed  # noqa: F401 (store_link: a fixture)
+from test_sync import eventually, store_link, until, wait_offline, wait_pushed  # noqa: F401 (store_link: a fixture)
 
 pytestmark = pytest.mark.daemon
 
@@ -392,3 +392,37 @@ def test_the_notes_app_edits_on_two_devices_one_offline_and_resolves_once_for_bo
                     what="A's document back to normal with the kept text")
     editor.send(None)
     editor.wait_for(lambda l: l == "closed", what="A's document closed")
+
+
+def test_the_notes_app_lists_earlier_versions_and_reverts_on_every_device(store, make_device):
+    """NSFileVersion.otherVersionsOfItem returns the note's history (issue
+    #39): every text saved, from either device, newest first, each with its
+    device and readable through its url; replaceItem makes one current on
+    both devices, and the replaced text stays among the other versions."""
+    a, b = two_container_mounts(store, make_device)
+    assert "saved" in notes(a, "write", "todo", "milk")
+    wait_pushed(a)
+    assert "saved" in notes(a, "write", "todo", "milk, eggs")
+    wait_pushed(a)
+    note_b = b.mountpoint / "Documents" / "todo.txt"
+    until(note_b.read_text, lambda text: text == "milk, eggs", "B has A's second text")
+    assert "saved" in notes(b, "write", "todo", "milk, eggs, bread")
+    wait_pushed(b)
+
+    def listed():
+        out = notes(a, "history", "todo")
+        assert "earlier versions: 2" in out, out
+        return out
+
+    out = eventually(listed, what="two earlier versions on A")
+    lines = [l.strip() for l in out.splitlines() if l.strip()[:2] in ("1:", "2:")]
+    assert lines[0].startswith("1: from a at ") and lines[0].endswith(": milk, eggs"), out
+    assert lines[1].startswith("2: from a at ") and lines[1].endswith(": milk"), out
+
+    assert "reverted" in notes(b, "revert", "todo", "2")
+    note_a = a.mountpoint / "Documents" / "todo.txt"
+    for note in (note_a, note_b):
+        until(note.read_text, lambda text: text == "milk", f"{note} reverted")
+    out = until(lambda: notes(a, "history", "todo"), lambda o: "earlier versions: 3" in o,
+                "the replaced text among the earlier versions")
+    assert "from b at" in out and ": milk, eggs, bread" in out, out

@@ -107,6 +107,15 @@ def new_device(make_device, name: str, *, store=None, args=(), env=None, mount=T
     return dev
 
 
+def until(get, ok, what: str, timeout: float = 30):
+    """Call `get` until `ok` accepts its value; return that value."""
+    def check():
+        value = get()
+        assert ok(value), f"{what}: {value!r}"
+        return value
+    return eventually(check, timeout, 0.2, what)
+
+
 class StoreLink:
     """A symlink to the real store: a device mounted with `--store` = this
     symlink loses its store when the link is cut (others keep theirs)."""
