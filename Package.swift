@@ -82,6 +82,7 @@ let package = Package(
             dependencies: [
                 "UbiquityDaemon", "UbiquityProtocol", "UbiquityLocator", "UbiquityFUSE", "UbiquitySync", "UbiquityReplica", "UbiquityStore", "UbiquityControl", "UbiquityS3",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
+                .product(name: "Logging", package: "swift-log"),
             ],
             swiftSettings: swiftSettings),
         .executableTarget(name: "ubiquityfs", dependencies: ["UbiquityCLI"], swiftSettings: swiftSettings),

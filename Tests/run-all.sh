@@ -43,11 +43,11 @@ python3 -m pytest -q -p no:cacheprovider Tests/servers Tests/posix Tests/mount "
 # introspection, real mounts, and a real Nautilus under Xvfb.
 python3 -m pytest -q -p no:cacheprovider Tests/nautilus "$@"
 # Sync on S3: two devices, placeholders (streaming), conflicts, offline, kill -9, scopes,
-# the drive, query, real tools, events, UbiquityKit, history and Recently Deleted, against the first server (SeaweedFS).
+# the drive, query, real tools, events, UbiquityKit, history, Recently Deleted and the collector, against the first server (SeaweedFS).
 UBQ_TEST_STORE=s3 python3 -m pytest -q -p no:cacheprovider \
   Tests/mount/test_sync.py Tests/mount/test_streaming.py Tests/mount/test_drive.py Tests/mount/test_durability.py \
   Tests/mount/test_views.py Tests/mount/test_query.py Tests/mount/test_tools.py \
-  Tests/mount/test_events.py Tests/mount/test_kit.py Tests/mount/test_history.py "$@"
+  Tests/mount/test_events.py Tests/mount/test_kit.py Tests/mount/test_history.py Tests/mount/test_collector.py "$@"
 # Two devices, conflicts, offline and the S3-only cases on every other server (Ceph RGW).
 for server in "${servers[@]:1}"; do
   UBIQUITYFS_TEST_S3_SERVERS="$server" UBQ_TEST_STORE=s3 python3 -m pytest -q -p no:cacheprovider \

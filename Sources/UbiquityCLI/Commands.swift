@@ -17,7 +17,7 @@ public struct UbiquityCommand: ParsableCommand {
         abstract: "Mount synced containers (iCloud Documents for Linux).",
         version: "ubiquityfs \(ubiquityVersion)",
         subcommands: [Mount.self, Unmount.self, Status.self, Download.self, Evict.self, Pin.self, Unpin.self,
-                      Versions.self, Restore.self, Trash.self, Resolve.self, Container.self, QueryCommand.self, Service.self])
+                      Versions.self, Restore.self, Trash.self, Resolve.self, Container.self, CollectGarbage.self, QueryCommand.self, Service.self])
 
     public init() {}
 

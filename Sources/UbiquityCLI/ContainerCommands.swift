@@ -6,6 +6,8 @@ import Glibc
 import UbiquityDaemon
 import UbiquityReplica
 import UbiquityStore
+import UbiquitySync
+import Logging
 
 /// `ubiquityfs container create|list|show|set`: container configuration,
 /// kept in the store so every device agrees (iCloud's
@@ -43,6 +45,7 @@ func printContainer(_ c: ContainerConfig) {
     print("  name:           \(c.displayName)")
     print("  documents:      \(c.documentScopePublic ? "public (shown in the drive view)" : "private")")
     print("  folder levels:  \(c.supportedFolderLevels.rawValue)")
+    print("  retention:      \(c.retentionDays ?? ContainerConfig.defaultRetentionDays) days (earlier versions and Recently Deleted)")
 }
 
 struct ContainerCreate: ParsableCommand {
@@ -51,11 +54,12 @@ struct ContainerCreate: ParsableCommand {
     @Option(help: "Display name (the folder name in the drive view).") var name: String?
     @Flag(help: "Make the Documents scope public (shown in the drive view).") var `public` = false
     @Option(help: "Folder levels allowed in Documents: none, one or any.") var folderLevels: ContainerConfig.FolderLevels = .any
+    @Option(help: "Days earlier versions and deleted items are kept (default 30).") var retentionDays: Int?
     @OptionGroup var storeOption: StoreOption
 
     func run() throws {
         let config = ContainerConfig(id: id, displayName: name ?? id, documentScopePublic: `public`,
-                                     supportedFolderLevels: folderLevels)
+                                     supportedFolderLevels: folderLevels, retentionDays: retentionDays)
         try storeOption.open().createContainer(config)
         printContainer(config)
     }
@@ -104,6 +108,7 @@ struct ContainerSet: ParsableCommand {
     @Option(help: "Display name.") var name: String?
     @Option(help: "Documents scope public: true or false.") var `public`: Bool?
     @Option(help: "Folder levels allowed in Documents: none, one or any.") var folderLevels: ContainerConfig.FolderLevels?
+    @Option(help: "Days earlier versions and deleted items are kept.") var retentionDays: Int?
     @OptionGroup var storeOption: StoreOption
 
     func run() throws {
@@ -112,7 +117,48 @@ struct ContainerSet: ParsableCommand {
         if let name { c.displayName = name }
         if let p = `public` { c.documentScopePublic = p }
         if let folderLevels { c.supportedFolderLevels = folderLevels }
+        if let retentionDays { c.retentionDays = retentionDays }
         try store.updateContainer(c)
         printContainer(c)
+    }
+}
+
+/// `ubiquityfs gc`: one run of the store's collector (`Collector`), which
+/// the daemon also runs about once a day.
+struct CollectGarbage: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "gc",
+        abstract: "Remove from the store the content no container's retention period needs.",
+        discussion: """
+            A blob goes only when it was unneeded and unchanged for the grace period in two runs at least that far \
+            apart: the first marks it, a later one removes it (devices at work keep the blobs they rely on alive). \
+            Every device's daemon runs this about once a day; run it by hand to reclaim room sooner (twice, the \
+            grace period apart). --as-of measures the retention periods from another date (to see or test what a \
+            later run removes); the blobs it removes are gone from then on.
+            """)
+    @OptionGroup var storeOption: StoreOption
+    @Option(help: "Hours a blob must stay unneeded and unchanged, and between marking and removing (default 48).")
+    var graceHours: Double = Collector.defaultGrace / 3600
+    @Option(help: "Measure retention periods as of this date (ISO 8601, e.g. 2027-01-31T00:00:00Z).")
+    var asOf: String?
+    @Flag(help: "Print JSON.") var json = false
+
+    func run() throws {
+        var now = Date()
+        if let asOf {
+            guard let date = ISO8601DateFormatter().date(from: asOf) else { throw ValidationError("--as-of takes an ISO 8601 date and time, like 2027-01-31T00:00:00Z") }
+            now = date
+        }
+        guard graceHours >= 0 else { throw ValidationError("--grace-hours must be 0 or more") }
+        let collector = Collector(store: try storeOption.open(), logger: Logger(label: "ubiquityfs.gc"))
+        let report = try collector.run(now: now, grace: graceHours * 3600)
+        if json {
+            let encoder = JSONEncoder()
+            encoder.outputFormatting = [.sortedKeys]
+            print(String(decoding: try encoder.encode(report), as: UTF8.self))
+            return
+        }
+        print("blobs: \(report.blobs) (\(formatBytes(report.bytes))), needed: \(report.needed)")
+        print("removed: \(report.removed) (\(formatBytes(report.removedBytes))), marked for a later run: \(report.marked)")
     }
 }

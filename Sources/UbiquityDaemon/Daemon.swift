@@ -271,6 +271,7 @@ package final class Daemon: Sendable {
         }
         server.start()
         startDriveRefresher()
+        startCollector()
         // Started by systemd (`Type=notify`, `ubiquityfs mount --foreground`): ready now.
         if settings.notifyFD == nil { SystemdNotify.ready(status: "serving \(first.mountpoint) from \(storePath)") }
         if let fd = settings.notifyFD {
@@ -612,6 +613,31 @@ package final class Daemon: Sendable {
                 recordError("cannot record the drive's folder numbers in \(file.path): \(error)")
             }
             return slot
+        }
+    }
+
+    /// The store's collector (`Collector`), about once a day while the
+    /// daemon runs: first 1–2 hours after it starts (a laptop that is on
+    /// for an hour a day still collects), then every 20–28 hours. Several
+    /// devices collecting one store is safe (marks are shared, removals
+    /// checked). A failed run (the store unreachable, a damaged container)
+    /// is logged and tried again at the next time.
+    func startCollector() {
+        Thread.run(named: "ubq-collector") { [self] in
+            var wait = Double.random(in: 3600...7200)
+            while true {
+                let deadline = Date().addingTimeInterval(wait)
+                while Date() < deadline {
+                    if state.withLock({ $0.stopping }) { return }
+                    Thread.sleep(forTimeInterval: min(5, deadline.timeIntervalSinceNow))
+                }
+                do {
+                    _ = try Collector(store: syncStore, logger: logger).run()
+                } catch {
+                    logger.warning("collector: \(UbiquityError.wrap(error).message) (tried again in a day)")
+                }
+                wait = Double.random(in: 72_000...100_800)
+            }
         }
     }
 

@@ -369,9 +369,90 @@ public final class S3Store: Store, @unchecked Sendable {
     public var downloadConcurrency: Int { 8 }
 
     /// A blob under 1 MiB is put without asking first: a HEAD costs a round
-    /// trip too, and putting the same bytes again is harmless.
+    /// trip too, and putting the same bytes again is harmless. A larger one
+    /// held already is put again only when it was last written more than
+    /// `BlobLifetime.refreshAge` ago: that keeps it alive for the collector
+    /// (S3 has no cheap way to touch an object).
     public func needsUpload(_ hash: String, size: Int) throws -> Bool {
-        size < 1 << 20 ? true : try !holdsBlob(hash, size: size)
+        guard size >= 1 << 20 else { return true }
+        try verifyMarker()
+        let response = try client.send(.HEAD, key: blobKey(hash), expect: [404])
+        guard response.status != 404,
+              response.headers.first(name: "content-length").flatMap(UInt64.init) == UInt64(size) else { return true }
+        let modified = response.headers.first(name: "last-modified").flatMap(Self.httpDate) ?? .distantPast
+        return -modified.timeIntervalSinceNow > BlobLifetime.refreshAge
+    }
+
+    /// An HTTP date (`Tue, 15 Nov 1994 08:12:31 GMT`).
+    static func httpDate(_ text: String) -> Date? {
+        let formatter = DateFormatter()
+        formatter.locale = Locale(identifier: "en_US_POSIX")
+        formatter.timeZone = TimeZone(identifier: "GMT")
+        formatter.dateFormat = "EEE, dd MMM yyyy HH:mm:ss zzz"
+        return formatter.date(from: text)
+    }
+
+    // MARK: Collecting
+
+    /// Alive when written within `BlobLifetime.refreshAge` (S3 cannot touch an object).
+    public func keepAlive(_ hash: String) throws -> Bool {
+        try verifyMarker()
+        let response = try client.send(.HEAD, key: blobKey(hash), expect: [404])
+        guard response.status != 404, let modified = response.headers.first(name: "last-modified").flatMap(Self.httpDate) else { return false }
+        return -modified.timeIntervalSinceNow < BlobLifetime.refreshAge
+    }
+
+    public func listBlobs() throws -> [StoredBlob] {
+        try verifyMarker()
+        let prefix = location.prefix + "blobs/"
+        var out: [StoredBlob] = []
+        var token: String?
+        let iso = ISO8601DateFormatter()
+        iso.formatOptions = [.withInternetDateTime, .withFractionalSeconds]
+        let isoWhole = ISO8601DateFormatter()
+        repeat {
+            var query = [("list-type", "2"), ("prefix", prefix), ("max-keys", "1000")]
+            if let token { query.append(("continuation-token", token)) }
+            let page = try client.send(.GET, key: nil, query: query)
+            for entry in Self.xmlValues("Contents", in: page.body) {
+                let fragment = Data(entry.utf8)
+                guard let key = Self.xmlValues("Key", in: fragment).first, key.hasPrefix(prefix),
+                      let hash = key.split(separator: "/").last.map(String.init), ContentCopy.isValidHash(hash),
+                      let size = Self.xmlValues("Size", in: fragment).first.flatMap(UInt64.init),
+                      let modifiedText = Self.xmlValues("LastModified", in: fragment).first,
+                      let modified = iso.date(from: modifiedText) ?? isoWhole.date(from: modifiedText) else { continue }
+                out.append(StoredBlob(hash: hash, size: size, modified: modified))
+            }
+            token = S3Client.Response.xmlValue("IsTruncated", in: page.body) == "true"
+                ? S3Client.Response.xmlValue("NextContinuationToken", in: page.body) : nil
+        } while token != nil
+        return out
+    }
+
+    /// A HEAD, then the DELETE: S3 has no conditional delete every server
+    /// supports, so a device putting the blob again between the two loses
+    /// it (it is put back by that device's check of what it holds).
+    public func removeBlob(_ hash: String, unchangedSince: Date) throws -> Bool {
+        precondition(ContentCopy.isValidHash(hash))
+        try verifyMarker()
+        let response = try client.send(.HEAD, key: blobKey(hash), expect: [404])
+        guard response.status != 404 else { return false }
+        guard let modified = response.headers.first(name: "last-modified").flatMap(Self.httpDate), modified < unchangedSince else { return false }
+        _ = try client.send(.DELETE, key: blobKey(hash), expect: [404])
+        return true
+    }
+
+    var collectorStateKey: String { location.prefix + "gc/state.json" }
+
+    public func collectorState() throws -> Data? {
+        try verifyMarker()
+        let response = try client.send(.GET, key: collectorStateKey, expect: [404])
+        return response.status == 404 ? nil : response.body
+    }
+
+    public func setCollectorState(_ data: Data) throws {
+        try verifyMarker()
+        _ = try client.send(.PUT, key: collectorStateKey, headers: [("content-type", "application/json")], body: data)
     }
 
     /// An S3 PUT is durable when it is answered: nothing to flush.

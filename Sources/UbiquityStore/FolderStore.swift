@@ -360,12 +360,29 @@ public final class FolderStore: Store {
         return UInt64(st.st_size)
     }
 
+    /// Held with the right size: kept alive (its time set to now, for the
+    /// collector), and not uploaded.
+    public func needsUpload(_ hash: String, size: Int) throws -> Bool {
+        guard try blobSize(hash) == UInt64(size) else { return true }
+        keepAlive(hash)
+        return false
+    }
+
+    /// Set blob `hash`'s modification time to now: a device relies on it.
+    @discardableResult
+    public func keepAlive(_ hash: String) -> Bool {
+        blobPath(hash).withCString { utimensat(AT_FDCWD, $0, nil, 0) } == 0
+    }
+
     public func putBlob(_ hash: String, data: Data) throws {
         precondition(ContentCopy.isValidHash(hash))
         try checkReachableForBlobs()
         let destination = blobURL(hash)
         if let size = try blobSize(hash) {
-            if size == UInt64(data.count) { return }
+            if size == UInt64(data.count) {
+                keepAlive(hash)
+                return
+            }
             // Cut short or damaged: replace it (rename over it; readers keep what they opened).
             try Self.publish(data, at: destination, tmpDir: root.appendingPathComponent("tmp"), exclusive: false, sync: false, mode: fileMode)
             return
@@ -380,6 +397,56 @@ public final class FolderStore: Store {
                 try Self.publish(data, at: destination, tmpDir: root.appendingPathComponent("tmp"), exclusive: true, sync: false, mode: fileMode)
             } catch let error as UbiquityError where error.errno == EEXIST {}
         }
+    }
+
+    // MARK: Collecting
+
+    public func listBlobs() throws -> [StoredBlob] {
+        try checkReachableForBlobs()
+        let folder = root.appendingPathComponent("blobs").path
+        var out: [StoredBlob] = []
+        let buckets = (try? FileManager.default.contentsOfDirectory(atPath: folder)) ?? []
+        for bucket in buckets where bucket.count == 2 {
+            for name in (try? FileManager.default.contentsOfDirectory(atPath: folder + "/" + bucket)) ?? [] {
+                guard ContentCopy.isValidHash(name), name.hasPrefix(bucket) else { continue }
+                var st = stat()
+                guard stat(folder + "/" + bucket + "/" + name, &st) == 0, st.st_mode & S_IFMT == S_IFREG else { continue }
+                out.append(StoredBlob(hash: name, size: UInt64(st.st_size),
+                                      modified: Date(timeIntervalSince1970: Double(st.st_mtim.tv_sec) + Double(st.st_mtim.tv_nsec) / 1e9)))
+            }
+        }
+        return out
+    }
+
+    public func removeBlob(_ hash: String, unchangedSince: Date) throws -> Bool {
+        precondition(ContentCopy.isValidHash(hash))
+        try checkReachableForBlobs()
+        var st = stat()
+        guard stat(blobPath(hash), &st) == 0 else { return false }
+        let modified = Date(timeIntervalSince1970: Double(st.st_mtim.tv_sec) + Double(st.st_mtim.tv_nsec) / 1e9)
+        guard modified < unchangedSince else { return false }
+        guard unlink(blobPath(hash)) == 0 else {
+            if errno == ENOENT { return false }
+            throw UbiquityError.posix("remove blob \(hash)")
+        }
+        return true
+    }
+
+    var collectorStateURL: URL { root.appendingPathComponent("gc").appendingPathComponent("state.json") }
+
+    public func collectorState() throws -> Data? {
+        try checkReachable()
+        do {
+            return try Data(contentsOf: collectorStateURL)
+        } catch let error as CocoaError where error.code == .fileReadNoSuchFile {
+            return nil
+        }
+    }
+
+    public func setCollectorState(_ data: Data) throws {
+        try checkReachable()
+        try makeDirectory(collectorStateURL.deletingLastPathComponent())
+        try Self.publish(data, at: collectorStateURL, tmpDir: root.appendingPathComponent("tmp"), exclusive: false, mode: fileMode)
     }
 
     /// One `syncfs(2)` of the store's filesystem makes every blob written

@@ -114,6 +114,46 @@ public protocol Store: Sendable {
     /// since the last call: a cheap check (an S3 HEAD) before a full
     /// `containers()` (a LIST and a GET per container). Default: true.
     func containersMayHaveChanged() -> Bool
+
+    // The collector's (`Collector`): see docs/STORE-FORMAT.md, "Collecting".
+
+    /// Every blob the store holds, with its size and when it was last
+    /// written or kept alive (a device that stores content the store
+    /// already has keeps that blob alive: `needsUpload`).
+    func listBlobs() throws -> [StoredBlob]
+    /// Remove blob `hash` if nothing wrote or kept it alive since
+    /// `unchangedSince` (checked as close to the removal as the store
+    /// allows); whether it was removed.
+    func removeBlob(_ hash: String, unchangedSince: Date) throws -> Bool
+    /// Keep blob `hash` alive for the collector because a record is about
+    /// to name it without writing it (a pack this device stored before):
+    /// false when the store does not hold it, or cannot keep it alive
+    /// cheaply (then the caller stores the content anew).
+    func keepAlive(_ hash: String) throws -> Bool
+    /// The collector's state (`gc/state.json`), or nil if there is none.
+    func collectorState() throws -> Data?
+    func setCollectorState(_ data: Data) throws
+}
+
+/// A blob as `listBlobs` sees it.
+public struct StoredBlob: Sendable, Hashable {
+    public var hash: String
+    public var size: UInt64
+    /// When it was last written or kept alive.
+    public var modified: Date
+
+    public init(hash: String, size: UInt64, modified: Date) {
+        self.hash = hash
+        self.size = size
+        self.modified = modified
+    }
+}
+
+/// How long a blob a device relies on without writing it (deduplicated
+/// content) may go without being kept alive: a store that cannot refresh
+/// a blob cheaply writes it again once it is this old (see `Collector`).
+public enum BlobLifetime {
+    public static let refreshAge: TimeInterval = 86_400
 }
 
 extension Store {

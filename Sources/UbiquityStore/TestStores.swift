@@ -12,7 +12,13 @@ public final class InMemoryStore: Store {
         var journals: [String: [UInt64: Data]] = [:]
         var snapshots: [String: [UInt64: Data]] = [:]
         var blobs: [String: Data] = [:]
+        var blobDates: [String: Date] = [:]
+        var collectorState: Data?
     }
+
+    /// The store's clock (`Date()` unless a test moves it).
+    public let clock = Mutex<Date?>(nil)
+    var now: Date { clock.withLock { $0 } ?? Date() }
 
     public let storeID = UUID().uuidString.lowercased()
     /// As a store of format 2 (small files packed), unless made without.
@@ -116,10 +122,52 @@ public final class InMemoryStore: Store {
 
     public func putBlob(_ hash: String, data: Data) throws {
         guard ContentCopy.hash(of: data) == hash else { throw UbiquityError(EIO, "content does not match its hash") }
+        let now = self.now
         state.withLock { s in
             if s.blobs[hash]?.count != data.count { s.blobs[hash] = data }
+            s.blobDates[hash] = now
         }
     }
+
+    /// Held already: kept alive (as the folder store does).
+    public func needsUpload(_ hash: String, size: Int) throws -> Bool {
+        let now = self.now
+        return state.withLock { s in
+            guard s.blobs[hash]?.count == size else { return true }
+            s.blobDates[hash] = now
+            return false
+        }
+    }
+
+    public func listBlobs() throws -> [StoredBlob] {
+        state.withLock { s in
+            s.blobs.map { StoredBlob(hash: $0.key, size: UInt64($0.value.count), modified: s.blobDates[$0.key] ?? .distantPast) }
+        }
+    }
+
+    public func removeBlob(_ hash: String, unchangedSince: Date) throws -> Bool {
+        state.withLock { s in
+            guard s.blobs[hash] != nil, (s.blobDates[hash] ?? .distantPast) < unchangedSince else { return false }
+            s.blobs[hash] = nil
+            s.blobDates[hash] = nil
+            return true
+        }
+    }
+
+    public func keepAlive(_ hash: String) throws -> Bool {
+        let now = self.now
+        return state.withLock { s in
+            guard s.blobs[hash] != nil else { return false }
+            s.blobDates[hash] = now
+            return true
+        }
+    }
+
+    public func collectorState() throws -> Data? { state.withLock { $0.collectorState } }
+    public func setCollectorState(_ data: Data) throws { state.withLock { $0.collectorState = data } }
+
+    /// Test helper: the bytes of every blob held.
+    public var blobBytes: UInt64 { state.withLock { $0.blobs.values.reduce(0) { $0 + UInt64($1.count) } } }
 
     public func flushBlobs() throws {}
 
@@ -227,6 +275,24 @@ public final class FaultyStore: Store, CustomStringConvertible {
 
     /// Make every blob fetch take this long (a slow store), or nil.
     public func slowFetches(by seconds: Double?) { delay.withLock { $0 = seconds } }
+    /// Run before each `listBlobs` (a device at work while the collector runs).
+    public let beforeListingBlobs = Mutex<(@Sendable () throws -> Void)?>(nil)
+    public func listBlobs() throws -> [StoredBlob] {
+        try beforeListingBlobs.withLock { $0 }?()
+        return try base.listBlobs()
+    }
+    public func removeBlob(_ hash: String, unchangedSince: Date) throws -> Bool { try base.removeBlob(hash, unchangedSince: unchangedSince) }
+    public func keepAlive(_ hash: String) throws -> Bool {
+        try check(.blobSize)
+        return try base.keepAlive(hash)
+    }
+    public func collectorState() throws -> Data? { try base.collectorState() }
+    public func setCollectorState(_ data: Data) throws { try base.setCollectorState(data) }
+    public func needsUpload(_ hash: String, size: Int) throws -> Bool {
+        try check(.blobSize)
+        return try base.needsUpload(hash, size: size)
+    }
+
     /// Make every journal read take `seconds` longer (a slow store under a pull).
     public func slowJournalReads(by seconds: Double?) { journalDelay.withLock { $0 = seconds } }
 }

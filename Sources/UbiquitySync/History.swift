@@ -324,8 +324,8 @@ extension SyncEngine {
         let complete = indexed?.low ?? UInt64.max
         // Looking for the retention limit costs about 20 reads: once an hour.
         guard complete > 1, historyBackfilled.withLock({ $0.map { -$0.timeIntervalSinceNow > 3600 } ?? true }) else { return }
-        let cutoff = Timespec(nanoseconds: Timespec.now().nanoseconds - Int64(retention() * 1e9))
-        let limit = try firstRecord(since: cutoff, below: applied + 1)
+        let cutoff = Timespec(nanoseconds: clock().nanoseconds - Int64(retention() * 1e9))
+        let limit = try JournalSearch.firstRecord(in: store, container: container, since: cutoff, below: applied + 1)
         defer { historyBackfilled.withLock { $0 = Date() } }
         guard complete > limit else { return }
         // Records up to where the index is complete (all, if it never was).
@@ -353,18 +353,5 @@ extension SyncEngine {
             try history.index(records.map { ($0.seq, $0.changeSet) })
             after = final.seq
         }
-    }
-
-    /// The first journal record (at most `upper`) committed at `cutoff` or
-    /// later, found by bisection (dates follow record numbers, give or
-    /// take the devices' clocks): about 20 reads for a million records.
-    private func firstRecord(since cutoff: Timespec, below upper: UInt64) throws -> UInt64 {
-        var low: UInt64 = 1, high = upper
-        while low < high {
-            let middle = low + (high - low) / 2
-            let record = try store.journal(container: container, after: middle - 1, limit: 1).first
-            if let date = record?.changeSet?.date, date < cutoff { low = middle + 1 } else { high = middle }
-        }
-        return low
     }
 }

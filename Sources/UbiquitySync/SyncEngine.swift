@@ -75,12 +75,17 @@ public final class SyncEngine: Sendable {
     let packs: PackIndex
     /// The container's history as read from the journal (`History.swift`).
     let history: HistoryIndex
+    /// The wall clock records are dated by and retention periods measured
+    /// with (tests move it: a week of edits in a second).
+    let clock: @Sendable () -> Timespec
     /// When `catchUpHistory` last made sure the history reaches back to the retention limit.
     let historyBackfilled = Mutex<Date?>(nil)
 
     public init(replica: Replica, store: any Store, container: String, device: DeviceIdentity,
                 logger: Logger, writeBackDelay: Double = 0.2, cacheLimit: UInt64? = nil,
-                snapshotInterval: UInt64 = SyncEngine.defaultSnapshotInterval) {
+                snapshotInterval: UInt64 = SyncEngine.defaultSnapshotInterval,
+                clock: @escaping @Sendable () -> Timespec = { .now() }) {
+        self.clock = clock
         self.replica = replica
         self.store = store
         self.container = container
@@ -406,7 +411,8 @@ public final class SyncEngine: Sendable {
                 return true
             }
             let seq = batch.appliedSeq + 1
-            let changeSet = ChangeSet(device: device.id, deviceName: device.name, changes: namingPacks(batch.changes, known: newLocations))
+            let changeSet = ChangeSet(device: device.id, deviceName: device.name, date: clock(),
+                                      changes: namingPacks(batch.changes, known: newLocations))
             // Settled under `commitGate`: a pull woken by this very record
             // waits, then finds it applied instead of reading it back.
             let committed = try commitGate.withLock { _ -> Bool in
@@ -474,7 +480,7 @@ public final class SyncEngine: Sendable {
             guard let data = try source.read(at: 0, count: size), stillUnchanged() else { return nil }
             let hash = ContentCopy.hash(of: data)
             if let packer, !data.isEmpty, data.count < PackLayout.memberLimit {
-                if let known = packs.location(of: hash, ownOnly: true) {
+                if let known = packs.location(of: hash, ownOnly: true), try store.keepAlive(known.hash) {
                     return ContentSnapshot(ino: ino, generation: generation, hash: hash, size: UInt64(data.count),
                                            chunked: false, uploaded: false, pack: known)
                 }

@@ -54,7 +54,7 @@ extension SyncEngine {
     /// Every node deleted within the retention period that is still gone,
     /// by ID (its latest deletion).
     func deletedNodes(_ config: ContainerConfig) -> [NodeID: Deleted] {
-        let cutoff = Timespec(nanoseconds: Timespec.now().nanoseconds - Int64(config.retention * 1e9))
+        let cutoff = Timespec(nanoseconds: clock().nanoseconds - Int64(config.retention * 1e9))
         let emptied = config.trashEmptiedThrough ?? 0
         var out: [NodeID: Deleted] = [:]
         let rows = history.deletions(since: cutoff).filter { $0.seq > emptied }
@@ -169,7 +169,7 @@ extension SyncEngine {
                 }
                 ns.update(ino) { n in
                     n.mode = state.mode; n.uid = state.uid; n.gid = state.gid
-                    n.mtime = state.mtime; n.ctime = .now(); n.btime = state.btime
+                    n.mtime = state.mtime; n.ctime = clock(); n.btime = state.btime
                     n.xattrs = state.xattrs; n.target = state.target
                     n.version = 0   // made again, for the store
                     n.conflicts = []

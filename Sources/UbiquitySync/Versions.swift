@@ -129,7 +129,7 @@ extension SyncEngine {
             versions.append((HistoryVersion(id: row.seq, committed: row.date, device: row.deviceName, modified: row.state.mtime,
                                             size: row.state.size, isCurrent: false), row.state.hash))
         }
-        let cutoff = Timespec(nanoseconds: Timespec.now().nanoseconds - Int64(retention() * 1e9))
+        let cutoff = Timespec(nanoseconds: clock().nanoseconds - Int64(retention() * 1e9))
         var kept: [HistoryVersion] = []
         for (index, entry) in versions.enumerated() {
             let replaced = index + 1 < versions.count ? versions[index + 1].version.committed : nil
@@ -158,7 +158,7 @@ extension SyncEngine {
             throw UbiquityError(ENOENT, "it has no version \(id) (see `ubiquityfs versions --all`)")
         }
         try requireInStore(row.state, what: "version \(id)")
-        let now = Timespec.now()
+        let now = clock()
         let (restored, changes) = try replica.transaction(.mayUseReserve) { ns -> (UInt64, ReplicaChanges) in
             var changes = ReplicaChanges()
             let target: UInt64

@@ -10,7 +10,7 @@ import Glibc
 
 /// One device for core tests: a replica in a temporary folder, a sync
 /// engine on a shared store, and the filesystem core — no kernel.
-final class TestDevice {
+final class TestDevice: @unchecked Sendable {   // lets only; used from one test at a time
     let directory: URL
     let replica: Replica
     let engine: SyncEngine
@@ -18,16 +18,17 @@ final class TestDevice {
     static let container = "com.example.test"
 
     init(store: any Store, name: String = "device", directory: URL? = nil,
-         snapshotInterval: UInt64 = SyncEngine.defaultSnapshotInterval) throws {
+         snapshotInterval: UInt64 = SyncEngine.defaultSnapshotInterval,
+         clock: @escaping @Sendable () -> Timespec = { .now() }, retentionDays: Int? = nil) throws {
         self.directory = directory ?? FileManager.default.temporaryDirectory
             .appendingPathComponent("ubq-core-\(UUID().uuidString)")
         replica = try Replica(directory: self.directory, rootOwner: (0, 0))
         if try store.containerConfig(Self.container) == nil {
-            try store.createContainer(ContainerConfig(id: Self.container, displayName: "Test"))
+            try store.createContainer(ContainerConfig(id: Self.container, displayName: "Test", retentionDays: retentionDays))
         }
         engine = SyncEngine(replica: replica, store: store, container: Self.container,
                             device: DeviceIdentity(id: "\(name)-\(UUID().uuidString)", name: name),
-                            logger: Logger(label: "test"), writeBackDelay: 0, snapshotInterval: snapshotInterval)
+                            logger: Logger(label: "test"), writeBackDelay: 0, snapshotInterval: snapshotInterval, clock: clock)
         // As the daemon does when it opens a replica.
         try engine.recoverInterruptedWrites()
         fs = FileSystem(replica: replica, hooks: engine)
