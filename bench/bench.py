@@ -26,6 +26,9 @@ Workloads (each runs on a fresh subdirectory of each target, same parameters):
           blocks                                            -> MiB/s
   rand    4 KiB random reads / writes on one file (fio if present, else
           Python pread/pwrite); writes include a final fsync -> IOPS, MiB/s
+  fsync   N new 4 KiB files each fsynced; N 512-byte appends each
+          fdatasynced; N atomic saves (temp, fsync, rename, dir fsync)
+                                                            -> ops/s
   git     `git clone --no-hardlinks SRC DEST` of a generated local repo
                                                             -> seconds
   rss     daemon VmRSS after creating N small files in D dirs: 1 s after
@@ -761,6 +764,46 @@ def wl_rand(t, d, cfg, pool):
     return res
 
 
+def wl_fsync(t, d, cfg, pool):
+    """What databases, git and editors do to make data survive a power
+    loss: each a loop of small writes, each made durable before the next."""
+    os.makedirs(d)
+    n = cfg.fsync_ops
+    res = {}
+    # N new 4 KiB files, each written, fsynced and closed (git objects, mail).
+    t0 = time.perf_counter()
+    for i in range(n):
+        fd = os.open(os.path.join(d, f"f{i:06d}"), os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o644)
+        os.write(fd, pool.chunk(i, 4 * KiB))
+        os.fsync(fd)
+        os.close(fd)
+    res["fsync_files"] = n / (time.perf_counter() - t0)
+    # Appends of 512 bytes to one file, each followed by fdatasync (a database's log).
+    fd = os.open(os.path.join(d, "log"), os.O_CREAT | os.O_WRONLY | os.O_APPEND, 0o644)
+    record = pool.chunk(1, 512)[:512]
+    t0 = time.perf_counter()
+    for _ in range(n):
+        os.write(fd, record)
+        os.fdatasync(fd)
+    res["fsync_append"] = n / (time.perf_counter() - t0)
+    os.close(fd)
+    # An editor's atomic save: temporary file, fsync, rename over, fsync the folder.
+    dfd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+    t0 = time.perf_counter()
+    for i in range(n):
+        tmp = os.path.join(d, ".doc.tmp")
+        fd = os.open(tmp, os.O_CREAT | os.O_WRONLY | os.O_TRUNC, 0o644)
+        os.write(fd, pool.chunk(i + 3, 4 * KiB))
+        os.fsync(fd)
+        os.close(fd)
+        os.rename(tmp, os.path.join(d, "doc.txt"))
+        os.fsync(dfd)
+    res["fsync_save"] = n / (time.perf_counter() - t0)
+    os.close(dfd)
+    return res
+    return res
+
+
 def git_env(workdir):
     e = dict(os.environ)
     e.update({
@@ -884,9 +927,10 @@ WORKLOADS = {
     "seq": wl_seq,
     "rand": wl_rand,
     "git": wl_git,
+    "fsync": wl_fsync,
     "rss": wl_rss,
 }
-ORDER = ["small", "seq", "rand", "git", "rss"]   # rss last: leaves files behind
+ORDER = ["small", "seq", "rand", "fsync", "git", "rss"]   # rss last: leaves files behind
 
 # metric -> (workload label, unit, kind, goal)
 #   kind: "rate" higher is better, ratio = ours/other
@@ -914,6 +958,9 @@ METRICS = [
     ("rand_read_mibs", "rand: 4K read", "MiB/s", "rate", None),
     ("rand_write_iops", "rand: 4K write (+fsync)", "IOPS", "rate", ("ratio>=", 1.0, "")),
     ("rand_write_mibs", "rand: 4K write (+fsync)", "MiB/s", "rate", None),
+    ("fsync_files", "fsync: new 4K file + fsync", "ops/s", "rate", ("ratio>=", 1.0, "")),
+    ("fsync_append", "fsync: append 512 B + fdatasync", "ops/s", "rate", ("ratio>=", 1.0, "")),
+    ("fsync_save", "fsync: atomic save (+dir fsync)", "ops/s", "rate", ("ratio>=", 1.0, "")),
     ("git_clone", "git clone (N files)", "s", "time", ("ratio>=", 1.0, "")),
     ("rss_create", "rss: create N files", "ops/s", "rate", None),
     ("rss_mount", "rss: daemon VmRSS after mount", "MiB", "mem", None),
@@ -1053,9 +1100,9 @@ def print_table(rows, ours_name, notes=(), rss_files=None, out=sys.stdout):
 # main
 # --------------------------------------------------------------------------
 
-QUICK = dict(small_files=1000, seq_mib=64, rand_file_mib=64, rand_ops=5000,
+QUICK = dict(small_files=1000, seq_mib=64, rand_file_mib=64, rand_ops=5000, fsync_ops=300,
              git_files=500, git_dirs=20, git_commits=2, rss_files=10000, rss_dirs=100)
-FULL = dict(small_files=5000, seq_mib=512, rand_file_mib=256, rand_ops=20000,
+FULL = dict(small_files=5000, seq_mib=512, rand_file_mib=256, rand_ops=20000, fsync_ops=1000,
             git_files=3000, git_dirs=100, git_commits=3, rss_files=100000,
             rss_dirs=1000)
 
@@ -1104,6 +1151,7 @@ def parse_args(argv):
     g.add_argument("--rand-ops", type=int)
     g.add_argument("--rand-engine", choices=["auto", "fio", "python"], default="auto",
                    help="auto = fio if installed")
+    g.add_argument("--fsync-ops", type=int)
     g.add_argument("--git-files", type=int)
     g.add_argument("--git-dirs", type=int)
     g.add_argument("--git-commits", type=int)
@@ -1340,7 +1388,7 @@ def main(argv=None):
     rows = build_rows(results, ours_name, cfg, raw)
     params = {k: getattr(cfg, k) for k in
               ["small_files", "small_size", "seq_mib", "seq_bs_kib", "rand_file_mib",
-               "rand_ops", "rand_engine", "git_files", "git_dirs", "git_commits",
+               "rand_ops", "rand_engine", "fsync_ops", "git_files", "git_dirs", "git_commits",
                "rss_files", "rss_dirs", "rss_file_size", "repeat", "quick", "seed",
                "bindfs_args", "ubq_args", "rclone_args"]}
     print()
