@@ -16,9 +16,10 @@ declare -A groups=(
   # under a headless desktop, the peer for benchmarks; and what checks the packages
   # (Tests/packaging: lintian, man -w, bash/zsh/fish completions, systemd-analyze verify;
   # Packaging/deb/clean-root-test.sh: debootstrap, systemd-nspawn); python3-pyfuse3 (with trio):
-  # Tests/powercut/lazyfs.py, the power-cut filesystem under Tests/mount/test_powercut.py's replicas
+  # Tests/powercut/lazyfs.py, the power-cut filesystem under Tests/mount/test_powercut.py's replicas; gvfs-daemons:
+  # gio's trash:/// (Recently Deleted in the mount, Tests/mount/test_history.py)
   [test]="vim git sqlite3 rsync tar attr bindfs rclone fio python3 python3-pyfuse3 inotify-tools libglib2.0-bin
-          xvfb xauth dbus dbus-x11 python3-gi python3-nautilus gir1.2-nautilus-4.0 nautilus
+          xvfb xauth dbus dbus-x11 gvfs-daemons python3-gi python3-nautilus gir1.2-nautilus-4.0 nautilus
           lintian man-db bash-completion zsh fish systemd debootstrap systemd-container"
   # Tests/servers/s3servers.py runs a throwaway one-node Ceph (monitor, OSD on memstore,
   # RADOS Gateway) on loopback; keep in sync with CEPH_PACKAGES there. SeaweedFS comes

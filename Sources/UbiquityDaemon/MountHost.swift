@@ -61,10 +61,18 @@ final class MountHost: @unchecked Sendable {
         self.kind = kind
         self.daemon = daemon
         self.containers = Mutex((containers, false))
-        session = FUSESession(fileSystem: fileSystem, mountpoint: mountpoint, logger: daemon.logger)
-        session.events = KernelEventReplay(mountpoint: mountpoint, fs: fileSystem, logger: daemon.logger) {
+        // Recently Deleted at the mount's root, where file managers look for a volume's trash.
+        let trashSource = WeakMountHost()
+        let served = TrashFolder(base: fileSystem, owner: (geteuid(), getegid())) { trashSource.host?.trashFolderItems() ?? [] }
+        session = FUSESession(fileSystem: served, mountpoint: mountpoint, logger: daemon.logger)
+        session.events = KernelEventReplay(mountpoint: mountpoint, fs: served, logger: daemon.logger) {
             [weak session] parent, name in session?.dropEntry(parent: parent, name: name)
         }
+        trashSource.host = self
+    }
+
+    final class WeakMountHost: @unchecked Sendable {
+        weak var host: MountHost?
     }
 
     var drive: DriveFileSystem? {
@@ -489,14 +497,26 @@ final class MountHost: @unchecked Sendable {
         }
     }
 
-    /// Recently Deleted of what this mount shows, as `trash` lists it.
-    func trashListing() -> TrashListing {
+    /// The items of the mount's trash folder (`TrashFolder`): paths
+    /// relative to the mount's root. From the history as it is (no store
+    /// reads: it answers a lookup).
+    func trashFolderItems() -> [TrashFolder.Item] {
+        let root = mountpoint == "/" ? "" : mountpoint
+        return trashListing(catchUp: false).items.map { entry in
+            TrashFolder.Item(id: entry.id, path: String(entry.path.dropFirst(root.count + 1)), isDirectory: entry.kind == "directory",
+                             size: entry.size, deleted: ISO8601DateFormatter().date(from: entry.deleted) ?? Date())
+        }
+    }
+
+    /// Recently Deleted of what this mount shows, as `trash` lists it;
+    /// `catchUp`: the history first reads what it lacks from the store.
+    func trashListing(catchUp: Bool = true) -> TrashListing {
         var entries: [(date: Timespec, entry: TrashEntry)] = []
         var retention = ContainerConfig.defaultRetentionDays
         for host in hosts {
             let config = host.engine.containerConfigOrDefault()
             retention = config.retentionDays ?? ContainerConfig.defaultRetentionDays
-            try? host.engine.catchUpHistory()
+            if catchUp { try? host.engine.catchUpHistory() }
             for item in host.engine.trash() {
                 let shown = shownPath(host, inner: "/" + item.path)
                 // Only what this mount shows (a Documents mount: not the Data scope).

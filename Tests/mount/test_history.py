@@ -15,9 +15,11 @@ UBQ_TEST_STORE=s3), the CLI as a user runs it.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
+import subprocess
 
 from test_sync import eventually, new_device, read, until, wait_pushed, write
 
@@ -129,3 +131,52 @@ def test_recently_deleted_lists_restores_and_empties(make_device):
     res = b.cli("trash", str(B), "--empty", timeout=60)
     assert res.returncode == 0 and "removed 1 item for good" in res.stdout, res
     assert trash(a) == [] and trash(b) == []
+
+
+def test_recently_deleted_shows_in_the_mount_where_file_managers_look(make_device):
+    """The freedesktop trash layout at the mount's root, read-only:
+    `.Trash-UID/files/NAME` and `info/NAME.trashinfo` (Path relative to the
+    mount, URL-escaped; DeletionDate); hidden from listings; every change
+    refused with EROFS; gio's trash:/// (what Nautilus's Trash shows) lists
+    the items with their original paths. A restore takes the item out."""
+    a = new_device(make_device, "a")
+    b = new_device(make_device, "b")
+    A, B = a.mountpoint, b.mountpoint
+    os.makedirs(A / "Plans")
+    write(A / "Plans/q1.txt", b"q1\n")
+    write(A / "old notes.txt", b"notes\n")
+    wait_pushed(a)
+    until(lambda: sorted(os.listdir(B)), lambda names: names == ["Plans", "old notes.txt"], "the tree reaches b")
+    shutil.rmtree(B / "Plans")
+    os.unlink(B / "old notes.txt")
+    wait_pushed(b)
+
+    trash_dir = A / f".Trash-{os.geteuid()}"
+    until(lambda: sorted(os.listdir(trash_dir / "files")), lambda names: names == ["Plans", "old notes.txt"],
+          "both items in a's .Trash-UID/files")
+    assert sorted(os.listdir(trash_dir / "info")) == ["Plans.trashinfo", "old notes.txt.trashinfo"]
+    info = (trash_dir / "info/old notes.txt.trashinfo").read_text()
+    assert info.startswith("[Trash Info]\nPath=old%20notes.txt\nDeletionDate=20"), info
+    assert os.stat(trash_dir).st_uid == os.geteuid()
+    assert (trash_dir / "files/Plans").is_dir() and (trash_dir / "files/old notes.txt").stat().st_size == 6
+    assert trash_dir.name not in os.listdir(A), "hidden from the root's listing"
+
+    for attempt in (lambda: open(trash_dir / "files/new", "w"), lambda: os.unlink(trash_dir / "info/Plans.trashinfo"),
+                    lambda: os.rename(trash_dir / "files/Plans", A / "Plans"), lambda: os.mkdir(trash_dir / "x")):
+        try:
+            attempt()
+        except OSError as e:
+            assert e.errno == errno.EROFS, e
+        else:
+            raise AssertionError("a change in .Trash-UID was allowed")
+
+    if shutil.which("gio") and shutil.which("dbus-run-session") and os.path.exists("/usr/libexec/gvfsd-trash"):
+        listed = subprocess.run(["dbus-run-session", "--", "gio", "list", "-a", "trash::orig-path", "trash:///"],
+                                capture_output=True, text=True, timeout=60, env=a.env())
+        assert f"trash::orig-path={A}/old notes.txt" in listed.stdout, listed
+        assert f"trash::orig-path={A}/Plans" in listed.stdout, listed
+
+    res = a.cli("restore", "--deleted", str(A / "Plans"), timeout=60)
+    assert res.returncode == 0, res
+    until(lambda: sorted(os.listdir(trash_dir / "files")), lambda names: names == ["old notes.txt"],
+          "the restored folder leaves the trash folder")
