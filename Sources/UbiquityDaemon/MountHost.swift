@@ -498,8 +498,8 @@ final class MountHost: @unchecked Sendable {
     }
 
     /// The items of the mount's trash folder (`TrashFolder`): paths
-    /// relative to the mount's root. From the history as it is (no store
-    /// reads: it answers a lookup).
+    /// relative to the mount's root. From the history as it is and the
+    /// configurations last seen: no store reads, it answers a lookup.
     func trashFolderItems() -> [TrashFolder.Item] {
         let root = mountpoint == "/" ? "" : mountpoint
         return trashListing(catchUp: false).items.map { entry in
@@ -514,10 +514,11 @@ final class MountHost: @unchecked Sendable {
         var entries: [(date: Timespec, entry: TrashEntry)] = []
         var retention = ContainerConfig.defaultRetentionDays
         for host in hosts {
-            let config = host.engine.containerConfigOrDefault()
+            let config = catchUp ? host.engine.containerConfigOrDefault()
+                : daemon.lastSeenConfigs.withLock({ $0 })?[host.id] ?? ContainerConfig(id: host.id, displayName: host.id)
             retention = config.retentionDays ?? ContainerConfig.defaultRetentionDays
             if catchUp { try? host.engine.catchUpHistory() }
-            for item in host.engine.trash() {
+            for item in host.engine.trash(config: config) {
                 let shown = shownPath(host, inner: "/" + item.path)
                 // Only what this mount shows (a Documents mount: not the Data scope).
                 if case .container(_, .documents) = kind, !item.path.hasPrefix("Documents/") { continue }

@@ -468,7 +468,7 @@ public final class Replica: Sendable {
         }
         var fd = open(path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
         if fd < 0 && errno == ENOENT {
-            mkdir((path as NSString).deletingLastPathComponent, 0o700)
+            makeBucket(of: path)
             fd = open(path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
         }
         guard fd >= 0 else {
@@ -477,6 +477,14 @@ public final class Replica: Sendable {
                                 "create cache file \(path): \(String(cString: strerror(code)))")
         }
         return fd
+    }
+
+    /// Make the cache folder `path` goes in, and sync the name of the
+    /// folder (`makeDurable` syncs what is put in it; a new folder is rare:
+    /// one per 4,096 inode numbers).
+    func makeBucket(of path: String) {
+        let bucket = (path as NSString).deletingLastPathComponent
+        if mkdir(bucket, 0o700) == 0 { OperationLog.syncDirectory(of: bucket) }
     }
 
     /// Remove the cache file of `ino`, a node just dropped (nothing uses it):
@@ -491,7 +499,7 @@ public final class Replica: Sendable {
         createdInBuckets.withLock { _ = $0.insert(Self.bucket(ino)) }
         if rename(staged, path) == 0 { return }
         if errno == ENOENT {
-            mkdir((path as NSString).deletingLastPathComponent, 0o700)
+            makeBucket(of: path)
             if rename(staged, path) == 0 { return }
         }
         throw UbiquityError.posix("install downloaded content for inode \(ino)")

@@ -88,9 +88,10 @@ extension SyncEngine {
 
     /// Recently Deleted: the items deleted within the retention period and
     /// not brought back, newest first; what was deleted with a folder is
-    /// counted in it, not listed.
-    public func trash() -> [TrashItem] {
-        let deleted = deletedNodes(containerConfigOrDefault())
+    /// counted in it, not listed. `config`: the container's configuration
+    /// as the caller knows it (nil: read from the store).
+    public func trash(config: ContainerConfig? = nil) -> [TrashItem] {
+        let deleted = deletedNodes(config ?? containerConfigOrDefault())
         var inside: [NodeID: [NodeID]] = [:]
         var top: [Deleted] = []
         for item in deleted.values {

@@ -41,10 +41,12 @@ import Glibc
         defer { a.cleanUp(); b.cleanUp() }
         let collector = Collector(store: store, logger: Logger(label: "test"))
         var written: [String: Data] = [:]   // content hash → bytes
-        var generator = SystemRandomNumberGenerator()
+        var edits = 0
         func edit(_ device: TestDevice, _ name: String) throws {
-            let bytes = (0..<Self.size).map { _ in UInt8.random(in: 0...255, using: &generator) }
-            let text = String(decoding: bytes.map { 0x41 + $0 % 26 }, as: UTF8.self)
+            // Content of its own each time (no two edits share a blob).
+            edits += 1
+            let stamp = "\(name) edit \(edits) \(UUID().uuidString)\n"
+            let text = stamp + String(repeating: "x", count: Self.size - stamp.utf8.count)
             try device.write(name, text)
             written[ContentCopy.hash(of: Data(text.utf8))] = Data(text.utf8)
             try device.engine.drain(progress: { _, _ in })
