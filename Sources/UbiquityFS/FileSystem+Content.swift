@@ -63,7 +63,7 @@ struct PassthroughInode: Sendable {
 /// fetches again). Behind a reader that streams, the pages it passed are
 /// given back, so the rest of the stream reuses warm memory instead of
 /// touching fresh (dear on a VM whose host takes back free memory:
-/// DESIGN.md, "Chunked content", has the figures). A random reader never
+/// bench/RESULTS.md, "Chunked content and streaming downloads", has the figures). A random reader never
 /// builds a run longer than `lag` and drops nothing.
 struct StreamedRun: Sendable {
     /// Kept behind the furthest byte read: what the kernel's read-ahead and

@@ -20,7 +20,8 @@ import Glibc
 /// helper thread, so their reads are in flight while the reader is still
 /// on the first. A reader that jumps about never builds a run and nothing is
 /// asked for; a prefetched file that changed meanwhile costs nothing but the
-/// read. DESIGN.md ("Cold small files") has the measurements.
+/// read. bench/RESULTS.md ("Cold small files read in directory order")
+/// has the measurements.
 final class SiblingPrefetch: Sendable {
     /// Entries asked for ahead of the reader, and at least this many at a time.
     static let ahead = 32

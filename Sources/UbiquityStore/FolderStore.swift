@@ -486,8 +486,9 @@ public final class FolderStore: Store {
     /// as one request, so the download does not take a second copy of the
     /// content in memory. Where the store's filesystem refuses `O_DIRECT`,
     /// the window is read through the page cache, asked of the disk at once
-    /// (`POSIX_FADV_WILLNEED`). DESIGN.md has the measurements, and what
-    /// was tried instead.
+    /// (`POSIX_FADV_WILLNEED`). DESIGN.md, "Chunked content and streaming
+    /// downloads", says what was tried instead; bench/RESULTS.md has the
+    /// measurements.
     public func copyBlob(_ hash: String, size: Int, into fd: Int32, at offset: UInt64) throws {
         try ChunkBuffer.with { buffer in
             try readVerified(hash, size: size, through: buffer) { piece, at in
@@ -610,8 +611,8 @@ public final class FolderStore: Store {
 
     /// `O_DIRECT` reads of blobs, one at a time in the process: a disk
     /// reads large files faster one after the other than several at once
-    /// (DESIGN.md, "Chunked content and streaming downloads", has the
-    /// figures). The download workers hash beside the one read.
+    /// (bench/RESULTS.md, "Chunked content and streaming downloads", has
+    /// the figures). The download workers hash beside the one read.
     static let directReads = DispatchSemaphore(value: 1)
 
     /// Read bytes `start..<end` of a blob into `buffer`: with `direct` (an

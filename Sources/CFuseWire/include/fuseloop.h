@@ -19,7 +19,7 @@
  * - before RELEASE, which the program does not wait for: its next request
  *   is read and answered meanwhile;
  * - before WRITE: a random writer was slower with writes answered by the
- *   leader (DESIGN.md, "The FUSE loop", has the figures);
+ *   leader (DESIGN.md, "The FUSE loop", says why; bench/RESULTS.md has the figures);
  * - when a handler is about to wait (`ubq_loop_may_block`: a read of a
  *   placeholder waiting for its download, a notification that may wait for
  *   a page another READ holds),

@@ -5,7 +5,8 @@
  * One SHA-256 stream waits on the latency of each sha256rnds2; two
  * independent streams, interleaved, fill those waits. Swift cannot emit these
  * instructions, so this is C (the only C in the daemon that is not a system
- * call wrapper). DESIGN.md ("Chunked content") has the measurements.
+ * call wrapper). bench/RESULTS.md ("Chunked content and streaming
+ * downloads") has the measurements.
  */
 #ifndef UBIQUITYFS_CHASHLANES_H
 #define UBIQUITYFS_CHASHLANES_H
