@@ -225,9 +225,13 @@ public final class FaultyStore: Store, CustomStringConvertible {
     public func createContainer(_ config: ContainerConfig) throws { try base.createContainer(config) }
     public func updateContainer(_ config: ContainerConfig) throws { try base.updateContainer(config) }
     public func containers() throws -> ContainerListing { try base.containers() }
+    /// Commits succeed in the store but answer an error (a reply lost on the way back).
+    public let loseCommitReplies = Mutex(false)
     public func commit(container: String, seq: UInt64, changeSet: ChangeSet) throws -> Bool {
         try check(.commit)
-        return try base.commit(container: container, seq: seq, changeSet: changeSet)
+        let committed = try base.commit(container: container, seq: seq, changeSet: changeSet)
+        if committed, loseCommitReplies.withLock({ $0 }) { throw UbiquityError(EHOSTDOWN, "injected fault: the commit's reply was lost") }
+        return committed
     }
     public func journal(container: String, after seq: UInt64, limit: Int) throws -> [JournalRecord] {
         try check(.journal)

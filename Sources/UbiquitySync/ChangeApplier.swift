@@ -453,7 +453,8 @@ struct ChangeApplier {
             } else if node.kind == .directory {
                 survives = !ns.entries(of: ino).isEmpty
             } else {
-                survives = node.hasUnpushedContent
+                // This device's own deletion (`ownRecord`) stands over what it wrote before.
+                survives = node.hasUnpushedContent && !ownRecord
             }
             trace("[\(deviceName)]   delete \(node.id.suffix(6)) survives=\(survives)")
             if survives {

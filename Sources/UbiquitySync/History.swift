@@ -27,8 +27,13 @@ import UbiquityStore
 /// the same but does not move it, so the gap is read again.
 final class HistoryIndex: Sendable {
     let db: DatabaseQueue
+    /// Indexing runs here, off the push and pull threads (which only hand
+    /// their records over); readers wait for it (`settled`) first.
+    let queue = DispatchQueue(label: "ubq-history")
+    let logger: Logger
 
     init(directory: URL, logger: Logger) {
+        self.logger = logger
         let path = directory.appendingPathComponent("history.sqlite").path
         var config = Configuration()
         config.label = "ubiquityfs.history"
@@ -54,7 +59,11 @@ final class HistoryIndex: Sendable {
 
     static let schema = """
         CREATE TABLE IF NOT EXISTS state(node TEXT NOT NULL, seq INTEGER NOT NULL, date INTEGER NOT NULL,
-                                         device TEXT NOT NULL, state BLOB NOT NULL,
+                                         device TEXT NOT NULL, kind TEXT NOT NULL, mode INTEGER NOT NULL,
+                                         uid INTEGER NOT NULL, gid INTEGER NOT NULL, size INTEGER NOT NULL,
+                                         hash TEXT, chunked INTEGER NOT NULL, pack TEXT, pack_offset INTEGER,
+                                         target TEXT, rdev INTEGER NOT NULL, mtime INTEGER NOT NULL,
+                                         ctime INTEGER NOT NULL, btime INTEGER NOT NULL, xattrs BLOB,
                                          PRIMARY KEY(node, seq)) WITHOUT ROWID;
         CREATE TABLE IF NOT EXISTS name(node TEXT NOT NULL, seq INTEGER NOT NULL, parent TEXT NOT NULL,
                                         name BLOB NOT NULL, PRIMARY KEY(node, seq, parent, name)) WITHOUT ROWID;
@@ -98,6 +107,22 @@ final class HistoryIndex: Sendable {
         }
     }
 
+    /// Index journal records in the background (a failure is logged: the
+    /// records are read again by `catchUpHistory`).
+    func enqueue(_ records: [(seq: UInt64, changeSet: ChangeSet?)], container: String) {
+        guard !records.isEmpty else { return }
+        queue.async { [self] in
+            do {
+                try index(records)
+            } catch {
+                logger.warning("\(container): history not indexed for now (\(UbiquityError.wrap(error).message)); read again later")
+            }
+        }
+    }
+
+    /// Wait until what was handed to `enqueue` is indexed.
+    func settled() { queue.sync {} }
+
     /// Index journal records (any order; invalid ones count as indexed:
     /// they hold nothing). When no range is recorded yet, the first of them
     /// opens it.
@@ -136,8 +161,7 @@ final class HistoryIndex: Sendable {
                                              deviceName: part.authors[state.id] ?? part.changeSet.deviceName, db)
                     case .entry(let parent, let name, let child?):
                         try Self.insertName(child, seq: seq, parent: parent, name: name, db)
-                        try db.execute(sql: "INSERT OR REPLACE INTO entry(parent, name, seq, child) VALUES (?, ?, ?, ?)",
-                                       arguments: [parent, Data(name.bytes), Int64(seq), child])
+                        try Self.insertEntryRow(parent, Data(name.bytes), child, seq: seq, db)
                     default:
                         break
                     }
@@ -172,16 +196,24 @@ final class HistoryIndex: Sendable {
             case .entry(let parent, let name, let child):
                 try insertEntry(parent, name, child, seq: seq, db)
             case .deleteNode(let id, _):
-                try db.execute(sql: "INSERT OR REPLACE INTO deletion(node, seq, date, device) VALUES (?, ?, ?, ?)",
-                               arguments: [id, Int64(seq), date.nanoseconds, deviceName])
+                try db.cachedStatement(sql: "INSERT OR REPLACE INTO deletion(node, seq, date, device) VALUES (?, ?, ?, ?)")
+                    .execute(arguments: [id, Int64(seq), date.nanoseconds, deviceName])
             }
         }
     }
 
     private static func insertState(_ state: NodeState, seq: UInt64, date: Timespec, deviceName: String, _ db: Database) throws {
-        let encoded = try JSONEncoder().encode(state)
-        try db.execute(sql: "INSERT OR REPLACE INTO state(node, seq, date, device, state) VALUES (?, ?, ?, ?, ?)",
-                       arguments: [state.id, Int64(seq), date.nanoseconds, deviceName, encoded])
+        let xattrs: Data? = state.xattrs.isEmpty ? nil : try JSONEncoder().encode(state.xattrs)
+        let arguments: [(any DatabaseValueConvertible)?] = [
+            state.id, Int64(seq), date.nanoseconds, deviceName, state.kind.rawValue, Int64(state.mode), Int64(state.uid),
+            Int64(state.gid), Int64(bitPattern: state.size), state.hash, (state.chunked ?? false) ? 1 : 0, state.pack?.hash,
+            state.pack.map { Int64(bitPattern: $0.offset) }, state.target, Int64(bitPattern: state.rdev),
+            state.mtime.nanoseconds, state.ctime.nanoseconds, state.btime.nanoseconds, xattrs]
+        try db.cachedStatement(sql: """
+            INSERT OR REPLACE INTO state(node, seq, date, device, kind, mode, uid, gid, size, hash, chunked, pack, pack_offset,
+                                         target, rdev, mtime, ctime, btime, xattrs)
+            VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+            """).execute(arguments: StatementArguments(arguments))
     }
 
     /// An entry change: the name it gives (if any), and whether it passes
@@ -190,22 +222,26 @@ final class HistoryIndex: Sendable {
         let bytes = Data(name.bytes)
         if let child {
             try insertName(child, seq: seq, parent: parent, name: name, db)
-            if let previous = try String.fetchOne(db, sql: "SELECT child FROM entry WHERE parent = ? AND name = ? AND seq < ? ORDER BY seq DESC LIMIT 1",
+            if let previous = try String.fetchOne(db.cachedStatement(sql: "SELECT child FROM entry WHERE parent = ? AND name = ? AND seq < ? ORDER BY seq DESC LIMIT 1"),
                                                   arguments: [parent, bytes, Int64(seq)]),
                previous != child,
-               let state = try Data.fetchOne(db, sql: "SELECT state FROM state WHERE node = ? ORDER BY seq DESC LIMIT 1", arguments: [child]),
-               (try? JSONDecoder().decode(NodeState.self, from: state))?.kind == .file {
-                try db.execute(sql: "INSERT OR IGNORE INTO succession(node, previous, seq) VALUES (?, ?, ?)",
-                               arguments: [child, previous, Int64(seq)])
+               try String.fetchOne(db.cachedStatement(sql: "SELECT kind FROM state WHERE node = ? ORDER BY seq DESC LIMIT 1"),
+                                   arguments: [child]) == NodeKind.file.rawValue {
+                try db.cachedStatement(sql: "INSERT OR IGNORE INTO succession(node, previous, seq) VALUES (?, ?, ?)")
+                    .execute(arguments: [child, previous, Int64(seq)])
             }
         }
-        try db.execute(sql: "INSERT OR REPLACE INTO entry(parent, name, seq, child) VALUES (?, ?, ?, ?)",
-                       arguments: [parent, bytes, Int64(seq), child])
+        try insertEntryRow(parent, bytes, child, seq: seq, db)
+    }
+
+    private static func insertEntryRow(_ parent: NodeID, _ name: Data, _ child: NodeID?, seq: UInt64, _ db: Database) throws {
+        try db.cachedStatement(sql: "INSERT OR REPLACE INTO entry(parent, name, seq, child) VALUES (?, ?, ?, ?)")
+            .execute(arguments: [parent, name, Int64(seq), child])
     }
 
     private static func insertName(_ child: NodeID, seq: UInt64, parent: NodeID, name: FileName, _ db: Database) throws {
-        try db.execute(sql: "INSERT OR REPLACE INTO name(node, seq, parent, name) VALUES (?, ?, ?, ?)",
-                       arguments: [child, Int64(seq), parent, Data(name.bytes)])
+        try db.cachedStatement(sql: "INSERT OR REPLACE INTO name(node, seq, parent, name) VALUES (?, ?, ?, ?)")
+            .execute(arguments: [child, Int64(seq), parent, Data(name.bytes)])
     }
 
     // MARK: Reading
@@ -215,7 +251,7 @@ final class HistoryIndex: Sendable {
     /// it took their name).
     func states(of node: NodeID, lineage: Bool = false) -> [StateRow] {
         (try? db.read { db in
-            var rows = try Row.fetchAll(db, sql: "SELECT seq, date, device, state FROM state WHERE node = ? ORDER BY seq",
+            var rows = try Row.fetchAll(db, sql: "SELECT * FROM state WHERE node = ? ORDER BY seq",
                                         arguments: [node]).compactMap(Self.stateRow)
             guard lineage else { return rows }
             var frontier = [(node, UInt64.max)]
@@ -225,7 +261,7 @@ final class HistoryIndex: Sendable {
                     let previous: String = row["previous"]
                     let taken = min(until, UInt64(bitPattern: row["seq"] as Int64))
                     guard seen.insert(previous).inserted else { continue }
-                    rows += try Row.fetchAll(db, sql: "SELECT seq, date, device, state FROM state WHERE node = ? AND seq < ? ORDER BY seq",
+                    rows += try Row.fetchAll(db, sql: "SELECT * FROM state WHERE node = ? AND seq < ? ORDER BY seq",
                                              arguments: [previous, Int64(taken)]).compactMap(Self.stateRow)
                     frontier.append((previous, taken))
                 }
@@ -245,13 +281,22 @@ final class HistoryIndex: Sendable {
     /// The state `node` had just before record `seq`.
     func state(of node: NodeID, before seq: UInt64) -> StateRow? {
         try? db.read { db in
-            try Row.fetchOne(db, sql: "SELECT seq, date, device, state FROM state WHERE node = ? AND seq < ? ORDER BY seq DESC LIMIT 1",
+            try Row.fetchOne(db, sql: "SELECT * FROM state WHERE node = ? AND seq < ? ORDER BY seq DESC LIMIT 1",
                              arguments: [node, Int64(seq)]).flatMap(Self.stateRow)
         }
     }
 
     private static func stateRow(_ row: Row) -> StateRow? {
-        guard let state = try? JSONDecoder().decode(NodeState.self, from: row["state"] as Data) else { return nil }
+        guard let kind = NodeKind(rawValue: row["kind"]) else { return nil }
+        let xattrs = (row["xattrs"] as Data?).flatMap { try? JSONDecoder().decode([String: Data].self, from: $0) } ?? [:]
+        let pack = (row["pack"] as String?).map { PackLocation(hash: $0, offset: UInt64(bitPattern: row["pack_offset"] as Int64? ?? 0)) }
+        var state = NodeState(id: row["node"], kind: kind, mode: UInt32(row["mode"] as Int64), uid: UInt32(row["uid"] as Int64),
+                              gid: UInt32(row["gid"] as Int64), size: UInt64(bitPattern: row["size"] as Int64), hash: row["hash"],
+                              target: row["target"], rdev: UInt64(bitPattern: row["rdev"] as Int64),
+                              mtime: Timespec(nanoseconds: row["mtime"]), ctime: Timespec(nanoseconds: row["ctime"]),
+                              btime: Timespec(nanoseconds: row["btime"]), xattrs: xattrs, base: 0)
+        state.chunked = (row["chunked"] as Int64) != 0 ? true : nil
+        state.pack = pack
         return StateRow(seq: UInt64(bitPattern: row["seq"] as Int64), date: Timespec(nanoseconds: row["date"]),
                         deviceName: row["device"], state: state)
     }
@@ -294,11 +339,7 @@ extension SyncEngine {
     /// Index records just applied or committed (a failure is logged: the
     /// records are read again by `catchUpHistory`).
     func indexHistory(_ records: [(seq: UInt64, changeSet: ChangeSet?)]) {
-        do {
-            try history.index(records)
-        } catch {
-            logger.warning("\(container): history not indexed for now (\(UbiquityError.wrap(error).message)); read again later")
-        }
+        history.enqueue(records, container: container)
     }
 
     /// How long earlier versions and deleted items are kept, from the
@@ -315,6 +356,7 @@ extension SyncEngine {
     /// before the limit (every node's state there), or from record 1.
     /// Runs on the check thread; cheap when nothing is missing.
     public func catchUpHistory() throws {
+        history.settled()
         let applied = replica.withNamespace { $0.appliedSeq }
         guard applied > 0 else { return }
         let indexed = history.indexed()

@@ -23,6 +23,7 @@ extension SyncEngine {
         var all = ReplicaChanges()
         var unrecorded: (any Error)?
         var quarantined: [QuarantinedRecord] = []
+        var reapplied: [UInt64] = []
         var releases: [@Sendable () -> Void] = []
         defer { for release in releases { release() } }
         // A commit of this device's under way: once settled, it is not read back.
@@ -61,7 +62,7 @@ extension SyncEngine {
                         if let remote {
                             var applier = ChangeApplier(seq: record.seq, deviceName: device.name)
                             if remote.device == device.id {
-                                logger.warning("\(container): journal record \(record.seq) was committed by this device but its replica lost it (a crash or power loss): applied again")
+                                reapplied.append(record.seq)
                                 applier.ownRecord = true
                                 applier.localHashes = ownHashes
                             }
@@ -86,6 +87,9 @@ extension SyncEngine {
                     break
                 }
             }
+        }
+        if let first = reapplied.first {
+            logger.warning("\(container): journal records \(first)…\(reapplied.last!) (\(reapplied.count)) were committed by this device but its replica lost them (a crash or power loss): applied again")
         }
         for record in quarantined {
             logger.error("quarantined journal record \(record.seq) of \(container) (not applied, skipped): \(record.reason)")

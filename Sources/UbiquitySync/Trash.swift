@@ -54,6 +54,7 @@ extension SyncEngine {
     /// Every node deleted within the retention period that is still gone,
     /// by ID (its latest deletion).
     func deletedNodes(_ config: ContainerConfig) -> [NodeID: Deleted] {
+        history.settled()
         let cutoff = Timespec(nanoseconds: clock().nanoseconds - Int64(config.retention * 1e9))
         let emptied = config.trashEmptiedThrough ?? 0
         var out: [NodeID: Deleted] = [:]

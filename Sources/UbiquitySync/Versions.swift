@@ -118,6 +118,7 @@ extension SyncEngine {
     /// period keeps (each one that was current at some moment within it),
     /// oldest first. A version survives renames: it belongs to the item.
     public func history(ino: UInt64) throws -> [HistoryVersion] {
+        history.settled()
         let node = try replica.withNamespace { ns -> LocalNode in
             guard let node = ns.node(ino), !node.unlinked else { throw UbiquityError(ENOENT) }
             guard node.kind == .file else { throw UbiquityError(EISDIR, "only files have versions") }
@@ -149,6 +150,7 @@ extension SyncEngine {
     /// when opened. Returns the restored file's inode.
     @discardableResult
     public func restoreVersion(ino: UInt64, id: UInt64, to destination: (parent: UInt64, name: FileName)? = nil) throws -> UInt64 {
+        history.settled()
         let nodeID = try replica.withNamespace { ns -> NodeID in
             guard let node = ns.node(ino), !node.unlinked else { throw UbiquityError(ENOENT) }
             guard node.kind == .file else { throw UbiquityError(EISDIR, "only files have versions") }
@@ -203,6 +205,7 @@ extension SyncEngine {
     /// (`NSFileVersion.url` of an earlier version): every byte verified
     /// against its hash, written to `path.part` and renamed into place.
     public func writeVersion(ino: UInt64, id: UInt64, to path: String) throws {
+        history.settled()
         let nodeID = try replica.withNamespace { ns -> NodeID in
             guard let node = ns.node(ino), !node.unlinked, node.kind == .file else { throw UbiquityError(ENOENT) }
             return node.id

@@ -163,6 +163,29 @@ import Glibc
         #expect(try b.read("final.txt") == "keep")
     }
 
+    /// A commit whose reply was lost (it is in the store, the device does
+    /// not know): the device reads its own record back as its own work —
+    /// the file it wrote and then deleted stays deleted, and a file it
+    /// wrote keeps its content without a conflicted copy of itself.
+    @Test func aCommitWhoseReplyWasLostIsReadBackAsOwnWork() throws {
+        let faulty = FaultyStore(store)
+        let a = try TestDevice(store: faulty, name: "laptop"), b = try TestDevice(store: store, name: "desktop")
+        defer { a.cleanUp(); b.cleanUp() }
+        try a.write("gone.txt", "v1")
+        try a.write("kept.txt", "v1")
+        try a.engine.drain(progress: { _, _ in })
+        try a.write("gone.txt", "v2, then deleted")
+        try a.fs.unlink(parent: Namespace.rootIno, name: "gone.txt")
+        try a.write("kept.txt", "v2")
+        faulty.loseCommitReplies.withLock { $0 = true }
+        #expect(throws: UbiquityError.self) { try a.engine.drain(progress: { _, _ in }) }
+        faulty.loseCommitReplies.withLock { $0 = false }
+        try sync(a, b)
+        #expect(try a.tree() == b.tree())
+        #expect(try a.list("") == ["kept.txt"])
+        #expect(try b.read("kept.txt") == "v2")
+    }
+
     /// The other device committed a file into a folder first; the folder
     /// removed here (not pushed yet) survives with it, on both devices and
     /// for a third device that had the folder too.
