@@ -361,11 +361,11 @@ public final class FolderStore: Store {
     }
 
     /// Held with the right size: kept alive (its time set to now, for the
-    /// collector), and not uploaded.
+    /// collector), and not uploaded — unless its time cannot be set (in a
+    /// shared store, another member's blob): then it is written again.
     public func needsUpload(_ hash: String, size: Int) throws -> Bool {
         guard try blobSize(hash) == UInt64(size) else { return true }
-        keepAlive(hash)
-        return false
+        return !keepAlive(hash)
     }
 
     /// Set blob `hash`'s modification time to now: a device relies on it.
@@ -379,11 +379,10 @@ public final class FolderStore: Store {
         try checkReachableForBlobs()
         let destination = blobURL(hash)
         if let size = try blobSize(hash) {
-            if size == UInt64(data.count) {
-                keepAlive(hash)
-                return
-            }
-            // Cut short or damaged: replace it (rename over it; readers keep what they opened).
+            // Held: kept alive, and done.
+            if size == UInt64(data.count), keepAlive(hash) { return }
+            // Cut short or damaged, or another member's whose time cannot be set
+            // (a shared store): replace it (rename over it; readers keep what they opened).
             try Self.publish(data, at: destination, tmpDir: root.appendingPathComponent("tmp"), exclusive: false, sync: false, mode: fileMode)
             return
         }
