@@ -518,7 +518,7 @@ final class MountHost: @unchecked Sendable {
                 : daemon.lastSeenConfigs.withLock({ $0 })?[host.id] ?? ContainerConfig(id: host.id, displayName: host.id)
             retention = config.retentionDays ?? ContainerConfig.defaultRetentionDays
             if catchUp { try? host.engine.catchUpHistory() }
-            for item in host.engine.trash(config: config) {
+            for item in host.engine.trash(config: config, settled: catchUp) {
                 let shown = shownPath(host, inner: "/" + item.path)
                 // Only what this mount shows (a Documents mount: not the Data scope).
                 if case .container(_, .documents) = kind, !item.path.hasPrefix("Documents/") { continue }

@@ -53,8 +53,8 @@ extension SyncEngine {
 
     /// Every node deleted within the retention period that is still gone,
     /// by ID (its latest deletion).
-    func deletedNodes(_ config: ContainerConfig) -> [NodeID: Deleted] {
-        history.settled()
+    func deletedNodes(_ config: ContainerConfig, settled: Bool = true) -> [NodeID: Deleted] {
+        if settled { history.settled() }
         let cutoff = Timespec(nanoseconds: clock().nanoseconds - Int64(config.retention * 1e9))
         let emptied = config.trashEmptiedThrough ?? 0
         var out: [NodeID: Deleted] = [:]
@@ -90,9 +90,11 @@ extension SyncEngine {
     /// Recently Deleted: the items deleted within the retention period and
     /// not brought back, newest first; what was deleted with a folder is
     /// counted in it, not listed. `config`: the container's configuration
-    /// as the caller knows it (nil: read from the store).
-    public func trash(config: ContainerConfig? = nil) -> [TrashItem] {
-        let deleted = deletedNodes(config ?? containerConfigOrDefault())
+    /// as the caller knows it (nil: read from the store). `settled`: wait
+    /// for the records handed to the history to be indexed (not on a FUSE
+    /// worker: a large push may be indexing).
+    public func trash(config: ContainerConfig? = nil, settled: Bool = true) -> [TrashItem] {
+        let deleted = deletedNodes(config ?? containerConfigOrDefault(), settled: settled)
         var inside: [NodeID: [NodeID]] = [:]
         var top: [Deleted] = []
         for item in deleted.values {
