@@ -34,27 +34,9 @@ final class HistoryIndex: Sendable {
 
     init(directory: URL, logger: Logger) {
         self.logger = logger
-        let path = directory.appendingPathComponent("history.sqlite").path
-        var config = Configuration()
-        config.label = "ubiquityfs.history"
-        config.busyMode = .timeout(10)
-        config.prepareDatabase { db in
-            try db.execute(sql: "PRAGMA journal_mode=WAL")
-            try db.execute(sql: "PRAGMA synchronous=NORMAL")
-        }
-        func open(_ path: String) throws -> DatabaseQueue {
-            let db = try DatabaseQueue(path: path, configuration: config)
-            try db.write { db in try db.execute(sql: Self.schema) }
-            return db
-        }
-        do {
-            db = try open(path)
-        } catch {
-            // History is then what this run learns; the store keeps the journal.
-            logger.error("cannot open \(path) (history kept in memory only): \(error)")
-            db = try! DatabaseQueue()
-            try! db.write { db in try db.execute(sql: Self.schema) }
-        }
+        // If it cannot be opened, the history is what this run learns; the store keeps the journal.
+        db = SideDatabase.open(directory.appendingPathComponent("history.sqlite").path, label: "ubiquityfs.history",
+                               schema: Self.schema, whatIsLost: "history", logger: logger)
     }
 
     static let schema = """
@@ -65,13 +47,12 @@ final class HistoryIndex: Sendable {
                                          target TEXT, rdev INTEGER NOT NULL, mtime INTEGER NOT NULL,
                                          ctime INTEGER NOT NULL, btime INTEGER NOT NULL, xattrs BLOB,
                                          PRIMARY KEY(node, seq)) WITHOUT ROWID;
-        CREATE TABLE IF NOT EXISTS name(node TEXT NOT NULL, seq INTEGER NOT NULL, parent TEXT NOT NULL,
-                                        name BLOB NOT NULL, PRIMARY KEY(node, seq, parent, name)) WITHOUT ROWID;
         CREATE TABLE IF NOT EXISTS deletion(node TEXT NOT NULL, seq INTEGER NOT NULL, date INTEGER NOT NULL,
                                             device TEXT NOT NULL, PRIMARY KEY(node, seq)) WITHOUT ROWID;
         CREATE INDEX IF NOT EXISTS deletion_date ON deletion(date);
         CREATE TABLE IF NOT EXISTS entry(parent TEXT NOT NULL, name BLOB NOT NULL, seq INTEGER NOT NULL, child TEXT,
                                          PRIMARY KEY(parent, name, seq)) WITHOUT ROWID;
+        CREATE INDEX IF NOT EXISTS entry_child ON entry(child, seq);
         CREATE TABLE IF NOT EXISTS succession(node TEXT NOT NULL, previous TEXT NOT NULL, seq INTEGER NOT NULL,
                                               PRIMARY KEY(node, previous)) WITHOUT ROWID;
         CREATE INDEX IF NOT EXISTS succession_previous ON succession(previous);
@@ -160,7 +141,6 @@ final class HistoryIndex: Sendable {
                         try Self.insertState(state, seq: version, date: date,
                                              deviceName: part.authors[state.id] ?? part.changeSet.deviceName, db)
                     case .entry(let parent, let name, let child?):
-                        try Self.insertName(child, seq: seq, parent: parent, name: name, db)
                         try Self.insertEntryRow(parent, Data(name.bytes), child, seq: seq, db)
                     default:
                         break
@@ -221,7 +201,6 @@ final class HistoryIndex: Sendable {
     private static func insertEntry(_ parent: NodeID, _ name: FileName, _ child: NodeID?, seq: UInt64, _ db: Database) throws {
         let bytes = Data(name.bytes)
         if let child {
-            try insertName(child, seq: seq, parent: parent, name: name, db)
             if let previous = try String.fetchOne(db.cachedStatement(sql: "SELECT child FROM entry WHERE parent = ? AND name = ? AND seq < ? ORDER BY seq DESC LIMIT 1"),
                                                   arguments: [parent, bytes, Int64(seq)]),
                previous != child,
@@ -237,11 +216,6 @@ final class HistoryIndex: Sendable {
     private static func insertEntryRow(_ parent: NodeID, _ name: Data, _ child: NodeID?, seq: UInt64, _ db: Database) throws {
         try db.cachedStatement(sql: "INSERT OR REPLACE INTO entry(parent, name, seq, child) VALUES (?, ?, ?, ?)")
             .execute(arguments: [parent, name, Int64(seq), child])
-    }
-
-    private static func insertName(_ child: NodeID, seq: UInt64, parent: NodeID, name: FileName, _ db: Database) throws {
-        try db.cachedStatement(sql: "INSERT OR REPLACE INTO name(node, seq, parent, name) VALUES (?, ?, ?, ?)")
-            .execute(arguments: [child, Int64(seq), parent, Data(name.bytes)])
     }
 
     // MARK: Reading
@@ -305,7 +279,7 @@ final class HistoryIndex: Sendable {
     /// one of its names).
     func place(of node: NodeID, before seq: UInt64) -> (parent: NodeID, name: FileName)? {
         try? db.read { db in
-            try Row.fetchOne(db, sql: "SELECT parent, name FROM name WHERE node = ? AND seq < ? ORDER BY seq DESC LIMIT 1",
+            try Row.fetchOne(db, sql: "SELECT parent, name FROM entry WHERE child = ? AND seq < ? ORDER BY seq DESC LIMIT 1",
                              arguments: [node, Int64(seq)]).map { row in
                 (row["parent"] as String, FileName(bytes: Array(row["name"] as Data)))
             }

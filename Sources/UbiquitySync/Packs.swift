@@ -41,30 +41,10 @@ final class PackIndex: Sendable {
     private let cachesUsed = Atomic(false)
 
     init(directory: URL, logger: Logger) {
-        let path = directory.appendingPathComponent("packs.sqlite").path
-        var config = Configuration()
-        config.label = "ubiquityfs.packs"
-        config.busyMode = .timeout(10)
-        config.prepareDatabase { db in
-            try db.execute(sql: "PRAGMA journal_mode=WAL")
-            try db.execute(sql: "PRAGMA synchronous=NORMAL")
-        }
-        func open(_ path: String) throws -> DatabaseQueue {
-            let db = try DatabaseQueue(path: path, configuration: config)
-            try db.write { db in
-                try db.execute(sql: Self.schema)
-            }
-            return db
-        }
-        do {
-            db = try open(path)
-        } catch {
-            // Packed content is then found only through what this run learns;
-            // downloads fall back to blobs of the content's own hash.
-            logger.error("cannot open \(path) (pack locations kept in memory only): \(error)")
-            db = try! DatabaseQueue()
-            try! db.write { db in try db.execute(sql: Self.schema) }
-        }
+        // If it cannot be opened, packed content is found only through what
+        // this run learns; downloads fall back to blobs of the content's own hash.
+        db = SideDatabase.open(directory.appendingPathComponent("packs.sqlite").path, label: "ubiquityfs.packs",
+                               schema: Self.schema, whatIsLost: "pack locations", logger: logger)
     }
 
     static let schema = """
@@ -271,6 +251,32 @@ extension SyncEngine {
                   state.size > 0, state.size < UInt64(PackLayout.memberLimit), let location = found[hash] else { return change }
             state.pack = location
             return .node(state)
+        }
+    }
+}
+
+/// A SQLite file beside the replica's index that only caches what the
+/// store or this run can tell again (`packs.sqlite`, `history.sqlite`):
+/// WAL, `synchronous=NORMAL`; if it cannot be opened, an in-memory one, and
+/// the error is logged.
+enum SideDatabase {
+    static func open(_ path: String, label: String, schema: String, whatIsLost: String, logger: Logger) -> DatabaseQueue {
+        var config = Configuration()
+        config.label = label
+        config.busyMode = .timeout(10)
+        config.prepareDatabase { db in
+            try db.execute(sql: "PRAGMA journal_mode=WAL")
+            try db.execute(sql: "PRAGMA synchronous=NORMAL")
+        }
+        do {
+            let db = try DatabaseQueue(path: path, configuration: config)
+            try db.write { db in try db.execute(sql: schema) }
+            return db
+        } catch {
+            logger.error("cannot open \(path) (\(whatIsLost) kept in memory only): \(error)")
+            let db = try! DatabaseQueue()
+            try! db.write { db in try db.execute(sql: schema) }
+            return db
         }
     }
 }

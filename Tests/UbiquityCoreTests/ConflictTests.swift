@@ -26,6 +26,12 @@ import Glibc
         }
     }
 
+    /// `first` commits what it has, then both sync.
+    func sync(first: TestDevice, then other: TestDevice) throws {
+        try first.engine.drain(progress: { _, _ in })
+        try sync(other, first)
+    }
+
     func contents(_ d: TestDevice) throws -> [String] {
         try d.tree().values.filter { $0.hasPrefix("file") }.sorted()
     }
@@ -128,13 +134,7 @@ import Glibc
         try b.fs.rmdir(parent: p, name: "Q")
         try b.fs.unlink(parent: p, name: "other.txt")
         try b.fs.rmdir(parent: Namespace.rootIno, name: "P")
-        if moverCommitsFirst {
-            try a.engine.drain(progress: { _, _ in })
-            try sync(b, a)
-        } else {
-            try b.engine.drain(progress: { _, _ in })
-            try sync(a, b)
-        }
+        try sync(first: moverCommitsFirst ? a : b, then: moverCommitsFirst ? b : a)
         #expect(try a.tree() == b.tree())
         #expect(try b.read("R/Q/deep.txt") == "deep")
         #expect(try b.read("R/Q/S/deeper.txt") == "deeper")
@@ -151,13 +151,7 @@ import Glibc
         try sync(a, b)
         try a.fs.rename(parent: Namespace.rootIno, name: "draft.txt", newParent: Namespace.rootIno, newName: "final.txt", flags: [])
         try b.fs.unlink(parent: Namespace.rootIno, name: "draft.txt")
-        if moverCommitsFirst {
-            try a.engine.drain(progress: { _, _ in })
-            try sync(b, a)
-        } else {
-            try b.engine.drain(progress: { _, _ in })
-            try sync(a, b)
-        }
+        try sync(first: moverCommitsFirst ? a : b, then: moverCommitsFirst ? b : a)
         #expect(try a.tree() == b.tree())
         #expect(try b.list("") == ["final.txt"])
         #expect(try b.read("final.txt") == "keep")
