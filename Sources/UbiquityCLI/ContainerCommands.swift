@@ -128,10 +128,13 @@ struct ContainerSet: ParsableCommand {
 struct CollectGarbage: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "gc",
-        abstract: "Remove from the store the content no container's retention period needs.",
+        abstract: "Remove from the store the content and journal records no container's retention period needs.",
         discussion: """
             A blob goes only when it was unneeded and unchanged for the grace period in two runs at least that far \
             apart: the first marks it, a later one removes it (devices at work keep the blobs they rely on alive). \
+            Journal records older than the retention period plus the grace period go up to the newest snapshot \
+            among them, which becomes the journal's base: a device away for longer rejoins from it, keeping its \
+            own work. \
             Every device's daemon runs this about once a day; run it by hand to reclaim room sooner (twice, the \
             grace period apart). --as-of measures the retention periods from another date (to see or test what a \
             later run removes); the blobs it removes are gone from then on.
@@ -160,5 +163,6 @@ struct CollectGarbage: ParsableCommand {
         }
         print("blobs: \(report.blobs) (\(formatBytes(report.bytes))), needed: \(report.needed)")
         print("removed: \(report.removed) (\(formatBytes(report.removedBytes))), marked for a later run: \(report.marked)")
+        print("journal records removed: \(report.recordsRemoved), snapshots removed: \(report.snapshotsRemoved)")
     }
 }

@@ -35,7 +35,7 @@ public final class S3Store: Store, @unchecked Sendable {
     public static let markerName = "ubiquityfs-store.json"
     /// The format new stores are made with (2: small files may be packed;
     /// docs/STORE-FORMAT.md). A store of format 1 stays format 1 (no packs).
-    static let formatVersion = 2
+    static let formatVersion = 3
 
     struct Marker: Codable {
         var format: Int
@@ -453,6 +453,32 @@ public final class S3Store: Store, @unchecked Sendable {
     public func setCollectorState(_ data: Data) throws {
         try verifyMarker()
         _ = try client.send(.PUT, key: collectorStateKey, headers: [("content-type", "application/json")], body: data)
+    }
+
+    public var compactsJournal: Bool { format.load(ordering: .relaxed) >= 3 }
+
+    func journalBaseKey(_ container: String) -> String { containerPrefix(container) + "journal-base" }
+
+    public func journalBase(container: String) throws -> UInt64 {
+        try verifyMarker()
+        let response = try client.send(.GET, key: journalBaseKey(container), expect: [404], maxBody: 4096)
+        if response.status == 404 { return 0 }
+        return try JournalBaseFormat.decode(response.body, at: "\(location)/\(journalBaseKey(container).dropFirst(location.prefix.count))")
+    }
+
+    public func setJournalBase(container: String, _ base: UInt64) throws {
+        try verifyMarker()
+        _ = try client.send(.PUT, key: journalBaseKey(container), headers: [("content-type", "application/json")], body: try JournalBaseFormat.encode(base))
+    }
+
+    public func removeRecord(container: String, seq: UInt64) throws {
+        try verifyMarker()
+        _ = try client.send(.DELETE, key: journalKey(container, seq), expect: [404])
+    }
+
+    public func removeSnapshot(container: String, seq: UInt64) throws {
+        try verifyMarker()
+        _ = try client.send(.DELETE, key: snapshotPrefix(container) + Self.seqName(seq), expect: [404])
     }
 
     /// An S3 PUT is durable when it is answered: nothing to flush.

@@ -31,7 +31,7 @@ public final class FolderStore: Store {
     /// The format new stores are made with (2: small files may be packed;
     /// docs/STORE-FORMAT.md). Stores of format 1 are read and written as
     /// format 1 (no packs), so devices that read only format 1 can share them.
-    static let formatVersion = 2
+    static let formatVersion = 3
 
     struct Marker: Codable {
         var format: Int
@@ -446,6 +446,49 @@ public final class FolderStore: Store {
         try checkReachable()
         try makeDirectory(collectorStateURL.deletingLastPathComponent())
         try Self.publish(data, at: collectorStateURL, tmpDir: root.appendingPathComponent("tmp"), exclusive: false, mode: fileMode)
+    }
+
+    public var compactsJournal: Bool { format >= 3 }
+
+    func journalBaseURL(_ container: String) -> URL { containerDir(container).appendingPathComponent("journal-base") }
+
+    public func journalBase(container: String) throws -> UInt64 {
+        try checkReachable()
+        let url = journalBaseURL(container)
+        do {
+            return try JournalBaseFormat.decode(try Data(contentsOf: url), at: url.path)
+        } catch let error as CocoaError where error.code == .fileReadNoSuchFile {
+            return 0
+        }
+    }
+
+    public func setJournalBase(container: String, _ base: UInt64) throws {
+        try checkReachable()
+        let url = journalBaseURL(container)
+        try Self.publish(try JournalBaseFormat.encode(base), at: url, tmpDir: root.appendingPathComponent("tmp"), exclusive: false, mode: fileMode)
+        // The new name durable before any record goes.
+        try Self.syncDirectory(url.deletingLastPathComponent())
+    }
+
+    public func removeRecord(container: String, seq: UInt64) throws {
+        try checkReachable()
+        try Self.removeIfPresent(journalURL(container, seq))
+    }
+
+    public func removeSnapshot(container: String, seq: UInt64) throws {
+        try checkReachable()
+        try Self.removeIfPresent(snapshotURL(container, seq))
+    }
+
+    static func removeIfPresent(_ url: URL) throws {
+        guard unlink(url.path) == 0 || errno == ENOENT else { throw UbiquityError.posix("remove \(url.path)") }
+    }
+
+    static func syncDirectory(_ url: URL) throws {
+        let fd = open(url.path, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+        guard fd >= 0 else { throw UbiquityError.posix("open \(url.path)") }
+        defer { close(fd) }
+        try syscallRetrying("fsync \(url.path)") { fsync(fd) }
     }
 
     /// One `syncfs(2)` of the store's filesystem makes every blob written

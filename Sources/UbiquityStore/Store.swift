@@ -133,6 +133,44 @@ public protocol Store: Sendable {
     /// The collector's state (`gc/state.json`), or nil if there is none.
     func collectorState() throws -> Data?
     func setCollectorState(_ data: Data) throws
+
+    // The journal's base (docs/STORE-FORMAT.md, "Compacting the journal").
+
+    /// Whether journal records may be removed from this store: format 3
+    /// or later, which every device that reads it honours the base in.
+    var compactsJournal: Bool { get }
+    /// Records 1…base of `container` may be gone: the snapshot of record
+    /// `base` holds the state they led to. 0 when none were removed.
+    /// `EBADMSG` when the base is there but damaged.
+    func journalBase(container: String) throws -> UInt64
+    /// Raise the base to `base` (durable when this returns). The collector
+    /// sets it before it removes any record at or below it.
+    func setJournalBase(container: String, _ base: UInt64) throws
+    /// Remove journal record `seq` (nothing if it is not there).
+    func removeRecord(container: String, seq: UInt64) throws
+    /// Remove snapshot record `seq` (nothing if it is not there).
+    func removeSnapshot(container: String, seq: UInt64) throws
+}
+
+/// The content of `containers/ID/journal-base`: `{"base": N, "version": 1}`.
+public enum JournalBaseFormat {
+    struct Stored: Codable {
+        var version: Int
+        var base: UInt64
+    }
+
+    public static func encode(_ base: UInt64) throws -> Data {
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = [.sortedKeys]
+        return try encoder.encode(Stored(version: 1, base: base))
+    }
+
+    public static func decode(_ data: Data, at place: String) throws -> UInt64 {
+        guard data.count <= 4096, let stored = try? JSONDecoder().decode(Stored.self, from: data), stored.version == 1 else {
+            throw UbiquityError(EBADMSG, "the journal base \(place) is damaged: nothing is read below it until it is mended")
+        }
+        return stored.base
+    }
 }
 
 /// A blob as `listBlobs` sees it.

@@ -14,6 +14,7 @@ public final class InMemoryStore: Store {
         var blobs: [String: Data] = [:]
         var blobDates: [String: Date] = [:]
         var collectorState: Data?
+        var journalBases: [String: UInt64] = [:]
     }
 
     /// The store's clock (`Date()` unless a test moves it).
@@ -166,6 +167,12 @@ public final class InMemoryStore: Store {
     public func collectorState() throws -> Data? { state.withLock { $0.collectorState } }
     public func setCollectorState(_ data: Data) throws { state.withLock { $0.collectorState = data } }
 
+    public var compactsJournal: Bool { true }
+    public func journalBase(container: String) throws -> UInt64 { state.withLock { $0.journalBases[container] ?? 0 } }
+    public func setJournalBase(container: String, _ base: UInt64) throws { state.withLock { $0.journalBases[container] = base } }
+    public func removeRecord(container: String, seq: UInt64) throws { _ = state.withLock { $0.journals[container]?.removeValue(forKey: seq) } }
+    public func removeSnapshot(container: String, seq: UInt64) throws { _ = state.withLock { $0.snapshots[container]?.removeValue(forKey: seq) } }
+
     /// Test helper: the bytes of every blob held.
     public var blobBytes: UInt64 { state.withLock { $0.blobs.values.reduce(0) { $0 + UInt64($1.count) } } }
 
@@ -292,6 +299,14 @@ public final class FaultyStore: Store, CustomStringConvertible {
     }
     public func collectorState() throws -> Data? { try base.collectorState() }
     public func setCollectorState(_ data: Data) throws { try base.setCollectorState(data) }
+    public var compactsJournal: Bool { base.compactsJournal }
+    public func journalBase(container: String) throws -> UInt64 {
+        try check(.journal)
+        return try base.journalBase(container: container)
+    }
+    public func setJournalBase(container: String, _ base: UInt64) throws { try self.base.setJournalBase(container: container, base) }
+    public func removeRecord(container: String, seq: UInt64) throws { try base.removeRecord(container: container, seq: seq) }
+    public func removeSnapshot(container: String, seq: UInt64) throws { try base.removeSnapshot(container: container, seq: seq) }
     public func needsUpload(_ hash: String, size: Int) throws -> Bool {
         try check(.blobSize)
         return try base.needsUpload(hash, size: size)

@@ -25,8 +25,14 @@ import UbiquityStore
 /// (`Store.needsUpload`, `Store.keepAlive`): a blob a record is about to
 /// name is never one unchanged for `grace`. A device offline for a long
 /// time uploads what it pushes (its own content) and needs nothing old; a
-/// snapshot being read is kept (all snapshots are). Journal records are not
-/// removed (they are small; compacting them is another step, see DESIGN).
+/// snapshot being read is kept (all snapshots are, until the journal is
+/// compacted past them).
+///
+/// **Compacting the journal** (stores of format 3): records older than the
+/// retention period plus `grace` go, up to the newest snapshot among them,
+/// which becomes the journal's *base* (`Store.setJournalBase`, set before
+/// anything is removed), with the snapshots older than it. A device that had
+/// not applied them rejoins from that snapshot (`Rejoin.swift`).
 public struct Collector: Sendable {
     public let store: any Store
     let logger: Logger
@@ -51,6 +57,9 @@ public struct Collector: Sendable {
         /// Blobs removed by this run, and their bytes.
         public var removed = 0
         public var removedBytes: UInt64 = 0
+        /// Journal records and snapshot records removed by this run.
+        public var recordsRemoved = 0
+        public var snapshotsRemoved = 0
     }
 
     /// What `gc/state.json` holds: when the blobs were marked, and which.
@@ -65,8 +74,13 @@ public struct Collector: Sendable {
     /// `now` is the clock the retention periods are measured by.
     public func run(now: Date = Date(), grace: TimeInterval = Collector.defaultGrace) throws -> Report {
         let needed = try neededBlobs(now: now)
-        let blobs = try store.listBlobs()
         var report = Report()
+        if store.compactsJournal {
+            for config in try store.containers().configs {
+                try compactJournal(of: config, now: now, grace: grace, report: &report)
+            }
+        }
+        let blobs = try store.listBlobs()
         report.blobs = blobs.count
         report.bytes = blobs.reduce(0) { $0 + $1.size }
         report.needed = blobs.filter { needed.contains($0.hash) }.count
@@ -91,8 +105,36 @@ public struct Collector: Sendable {
         let marks = unneeded.map(\.hash).filter { !swept.contains($0) }
         report.marked = marks.count
         try store.setCollectorState(try Self.encoder.encode(State(marked: now, blobs: marks.sorted())))
-        logger.info("collector: \(report.blobs) blobs (\(report.bytes) bytes), \(report.needed) needed, \(report.removed) removed (\(report.removedBytes) bytes), \(report.marked) marked")
+        logger.info("collector: \(report.blobs) blobs (\(report.bytes) bytes), \(report.needed) needed, \(report.removed) removed (\(report.removedBytes) bytes), \(report.marked) marked; \(report.recordsRemoved) journal records and \(report.snapshotsRemoved) snapshots removed")
         return report
+    }
+
+    /// Remove the records of `config`'s container older than the retention
+    /// period plus `grace`, up to the newest snapshot among them (which must
+    /// read whole first), and the snapshots before it; that snapshot's
+    /// record becomes the journal's base, set before anything is removed.
+    func compactJournal(of config: ContainerConfig, now: Date, grace: TimeInterval, report: inout Report) throws {
+        let container = config.id
+        let base = try store.journalBase(container: container)
+        let cutoff = Timespec(nanoseconds: Int64((now.timeIntervalSince1970 - config.retention - grace) * 1e9))
+        let limit = try JournalSearch.firstRecord(in: store, container: container, since: cutoff, after: base)
+        let snapshots = try store.snapshots(container: container)
+        guard let target = snapshots.last(where: { $0 > base && $0 < limit }) else { return }
+        guard let record = try store.snapshot(container: container, seq: target),
+              (try? record.parts.enumerated().map({ try SnapshotPart.decode(try store.fetchBlob($0.element), index: $0.offset, seq: target) })) != nil else {
+            logger.warning("collector: the snapshot of record \(target) of \(container) cannot be read whole: the journal is not compacted")
+            return
+        }
+        try store.setJournalBase(container: container, target)
+        for seq in (base + 1)...target {
+            try store.removeRecord(container: container, seq: seq)
+            report.recordsRemoved += 1
+        }
+        for seq in snapshots where seq < target {
+            try store.removeSnapshot(container: container, seq: seq)
+            report.snapshotsRemoved += 1
+        }
+        logger.info("collector: journal of \(container) compacted up to record \(target) (its snapshot is the base now)")
     }
 
     static let encoder: JSONEncoder = {
@@ -135,9 +177,10 @@ public struct Collector: Sendable {
             guard let record = try store.snapshot(container: container, seq: seq) else { continue }
             needed.formUnion(record.parts)
         }
-        let limit = try JournalSearch.firstRecord(in: store, container: container, since: cutoff)
-        var next: UInt64 = 1
-        if let start = snapshots.last(where: { $0 < limit }), let record = try store.snapshot(container: container, seq: start) {
+        let base = store.compactsJournal ? try store.journalBase(container: container) : 0
+        let limit = try JournalSearch.firstRecord(in: store, container: container, since: cutoff, after: base)
+        var next: UInt64 = base + 1
+        if let start = snapshots.last(where: { $0 >= base && $0 < limit }), let record = try store.snapshot(container: container, seq: start) {
             for (index, hash) in record.parts.enumerated() {
                 guard let part = try? SnapshotPart.decode(try store.fetchBlob(hash), index: index, seq: start) else {
                     throw UbiquityError(EIO, "snapshot \(start) of \(container) cannot be read: nothing collected")
@@ -200,25 +243,27 @@ public struct Collector: Sendable {
 
 /// Finding journal records by date.
 enum JournalSearch {
-    /// The first record of `container` committed at `cutoff` or later
-    /// (head + 1 when none is), by bisection: dates follow record numbers,
-    /// give or take the devices' clocks.
-    static func firstRecord(in store: any Store, container: String, since cutoff: Timespec, below upper: UInt64? = nil) throws -> UInt64 {
+    /// The first record of `container` after `base` (the journal's base:
+    /// records up to it may be gone) committed at `cutoff` or later (head + 1
+    /// when none is), by bisection: dates follow record numbers, give or
+    /// take the devices' clocks.
+    static func firstRecord(in store: any Store, container: String, since cutoff: Timespec,
+                            after base: UInt64 = 0, below upper: UInt64? = nil) throws -> UInt64 {
         var high: UInt64
         if let upper {
             high = upper
         } else {
             // The head: doubling, then bisection.
-            var probe: UInt64 = 1
-            while try !store.journal(container: container, after: probe - 1, limit: 1).isEmpty { probe *= 2 }
-            var low = probe / 2, top = probe
+            var step: UInt64 = 1
+            while try !store.journal(container: container, after: base + step - 1, limit: 1).isEmpty { step *= 2 }
+            var low = base + step / 2, top = base + step
             while low + 1 < top {
                 let middle = low + (top - low) / 2
                 if try store.journal(container: container, after: middle - 1, limit: 1).isEmpty { top = middle } else { low = middle }
             }
             high = low + 1
         }
-        var low: UInt64 = 1
+        var low: UInt64 = base + 1
         while low < high {
             let middle = low + (high - low) / 2
             let record = try store.journal(container: container, after: middle - 1, limit: 1).first

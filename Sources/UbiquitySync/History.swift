@@ -341,12 +341,13 @@ extension SyncEngine {
         // Looking for the retention limit costs about 20 reads: once an hour.
         guard complete > 1, historyBackfilled.withLock({ $0.map { -$0.timeIntervalSinceNow > 3600 } ?? true }) else { return }
         let cutoff = Timespec(nanoseconds: clock().nanoseconds - Int64(retention() * 1e9))
-        let limit = try JournalSearch.firstRecord(in: store, container: container, since: cutoff, below: applied + 1)
+        let base = store.compactsJournal ? try store.journalBase(container: container) : 0
+        let limit = try JournalSearch.firstRecord(in: store, container: container, since: cutoff, after: base, below: applied + 1)
         defer { historyBackfilled.withLock { $0 = Date() } }
         guard complete > limit else { return }
         // Records up to where the index is complete (all, if it never was).
         let upTo = indexed?.low.map { $0 - 1 } ?? applied
-        if let start = try store.snapshots(container: container).last(where: { $0 < limit }),
+        if let start = try store.snapshots(container: container).last(where: { $0 >= base && $0 < limit }),
            let record = try store.snapshot(container: container, seq: start) {
             try history.indexSnapshotStates(try readParts(of: record), seq: start, date: record.date)
             try indexRecords(from: start + 1, through: upTo)

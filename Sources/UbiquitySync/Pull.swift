@@ -33,12 +33,17 @@ extension SyncEngine {
             while true {
                 let after = replica.withNamespace { ns in ns.appliedSeq }
                 let records = try store.journal(container: container, after: after, limit: 256)
-                if records.isEmpty { break }
+                if records.isEmpty {
+                    // The end of the journal, or records removed that this replica lacks.
+                    guard let base = try journalBaseAhead() else { break }
+                    all.merge(try rejoin(at: base))
+                    continue
+                }
                 // Where packed content is, known before the replica records a node needing it.
                 try packs.record(records.reduce(into: [:]) { all, record in
                     all.merge(PackIndex.locations(in: record.changeSet?.changes ?? [])) { $1 }
                 }, own: false)
-                if let release = observer.withLock({ $0 })?.pullWillChange({ affectedPaths(records) }) { releases.append(release) }
+                if let release = observer.withLock({ $0 })?.pullWillChange({ affectedPaths(records.compactMap(\.changeSet)) }) { releases.append(release) }
                 let ownHashes = hashesOfLocalContent(namedBy: records)
                 for record in records {
                     let changed = replica.withNamespace { ns -> ReplicaChanges in
@@ -129,17 +134,17 @@ extension SyncEngine {
         return hashes
     }
 
-    /// The paths (in the container) that other devices' change sets in
-    /// `records` change: each changed or deleted node's, each entry's, and
-    /// where each moved node was.
-    func affectedPaths(_ records: [JournalRecord]) -> [String] {
+    /// The paths (in the container) that other devices' change sets among
+    /// `changeSets` change: each changed or deleted node's, each entry's,
+    /// and where each moved node was.
+    func affectedPaths(_ changeSets: [ChangeSet]) -> [String] {
         replica.withNamespace { ns in
             var paths: Set<String> = []
             func add(_ id: NodeID) {
                 if let ino = ns.inoByID[id], let path = ns.path(of: ino) { paths.insert(path) }
             }
-            for record in records {
-                guard let changeSet = record.changeSet, changeSet.device != device.id else { continue }
+            for changeSet in changeSets {
+                guard changeSet.device != device.id else { continue }
                 for change in changeSet.changes {
                     switch change {
                     case .node(let state): add(state.id)

@@ -29,7 +29,9 @@ extension SyncEngine {
         guard snapshotInterval > 0, replica.withNamespace({ Self.isNew($0) }) else { return nil }
         let available = try store.snapshots(container: container)
         latestSnapshot.withLock { $0 = max($0 ?? 0, available.last ?? 0) }
-        for seq in available.reversed().prefix(3) {
+        // One below the journal's base has lost the records after it (the pull then rejoins at the base).
+        let base = store.compactsJournal ? try store.journalBase(container: container) : 0
+        for seq in available.reversed().prefix(3) where seq >= base {
             do {
                 guard let record = try store.snapshot(container: container, seq: seq) else { continue }
                 let parts = try readParts(of: record)

@@ -80,6 +80,8 @@ public final class SyncEngine: Sendable {
     let clock: @Sendable () -> Timespec
     /// When `catchUpHistory` last made sure the history reaches back to the retention limit.
     let historyBackfilled = Mutex<Date?>(nil)
+    /// When the journal's base was last read (nil: read it at the next chance; `Rejoin.swift`).
+    let baseChecked = Mutex<Date?>(nil)
 
     public init(replica: Replica, store: any Store, container: String, device: DeviceIdentity,
                 logger: Logger, writeBackDelay: Double = 0.2, cacheLimit: UInt64? = nil,
@@ -158,6 +160,8 @@ public final class SyncEngine: Sendable {
             lastPull = DispatchTime.now().uptimeNanoseconds
             do {
                 let wasReachable = status.withLock { $0.storeReachable }
+                // Away for who knows how long: the journal's end is checked against its base.
+                if !wasReachable { baseChecked.withLock { $0 = nil } }
                 try pull()
                 lastError = nil
                 if !wasReachable {
@@ -416,7 +420,8 @@ public final class SyncEngine: Sendable {
             // Settled under `commitGate`: a pull woken by this very record
             // waits, then finds it applied instead of reading it back.
             let committed = try commitGate.withLock { _ -> Bool in
-                guard try store.commit(container: container, seq: seq, changeSet: changeSet) else { return false }
+                guard try store.commit(container: container, seq: seq, changeSet: changeSet),
+                      try !withdrawIfBelowBase(seq) else { return false }
                 try settle(batch, seq: seq, snapshots: snapshots)
                 indexHistory([(seq, changeSet)])
                 return true

@@ -178,6 +178,42 @@ func changeSet(_ device: String, _ n: Int = 0) -> ChangeSet {
         #expect(try other.journal(container: "com.j", after: 299, limit: 10).map(\.seq) == [300])
     }
 
+    /// The collector's side of compaction: the base reads 0 until set, then
+    /// what was set (by any client); records and snapshots are removed
+    /// (removing one that is gone is no error); a damaged base is an error
+    /// naming it, never 0.
+    @Test(arguments: StoreKind.all) func theJournalBaseIsSetAndRecordsRemoved(kind: StoreKind) throws {
+        let s = try StoreUnderTest(kind)
+        defer { s.cleanUp() }
+        try s.store.createContainer(ContainerConfig(id: "com.base", displayName: "Base"))
+        #expect(s.store.compactsJournal)
+        #expect(try s.store.journalBase(container: "com.base") == 0)
+        for seq in 1...5 { #expect(try s.store.commit(container: "com.base", seq: UInt64(seq), changeSet: changeSet("d", seq))) }
+        let part = ContentCopy.hash(of: Data("part".utf8))
+        #expect(try s.store.publishSnapshot(container: "com.base", SnapshotRecord(seq: 2, device: "a", deviceName: "a", nodes: 1, parts: [part])))
+        #expect(try s.store.publishSnapshot(container: "com.base", SnapshotRecord(seq: 3, device: "a", deviceName: "a", nodes: 1, parts: [part])))
+        try s.store.setJournalBase(container: "com.base", 3)
+        #expect(try s.reopen().journalBase(container: "com.base") == 3)
+        for seq: UInt64 in [1, 2, 3, 3] { try s.store.removeRecord(container: "com.base", seq: seq) }
+        try s.store.removeSnapshot(container: "com.base", seq: 2)
+        try s.store.removeSnapshot(container: "com.base", seq: 2)
+        let other = try s.reopen()
+        #expect(try other.journal(container: "com.base", after: 0, limit: 10).isEmpty)
+        #expect(try other.journal(container: "com.base", after: 3, limit: 10).map(\.seq) == [4, 5])
+        #expect(try other.snapshots(container: "com.base") == [3])
+        // A removed number can be taken again: this is why committers read the base after creating a record.
+        #expect(try other.commit(container: "com.base", seq: 2, changeSet: changeSet("late")))
+        let base = s.journalKey("com.base", 1).replacingOccurrences(of: "/journal/0000000000000001", with: "/journal-base")
+        try s.writeRaw(base, Data("{\"base\": ".utf8))
+        do {
+            _ = try other.journalBase(container: "com.base")
+            Issue.record("a damaged base was read")
+        } catch let error as UbiquityError {
+            #expect(error.errno == EBADMSG)
+            #expect(error.message.contains("journal-base"))
+        }
+    }
+
     @Test(arguments: StoreKind.all) func aTakenNumberIsRefused(kind: StoreKind) throws {
         let s = try StoreUnderTest(kind)
         defer { s.cleanUp() }
