@@ -31,15 +31,18 @@ import Glibc
     /// store holds at most the versions of the last day and a half (the
     /// period, the marking run before it and the grace), where without a
     /// collector it would hold all of them; every version the retention
-    /// period keeps restores byte for byte, and the current files read.
+    /// period keeps restores byte for byte, and the current files read. The
+    /// journal keeps the records of about the same time (a snapshot every
+    /// 24 records), not all 336.
     @Test func twoWeeksOfEditsStayUnderTheBound() throws {
         let clock = FakeClock()
         let store = InMemoryStore()
         store.clock.withLock { $0 = clock.now }
-        let a = try TestDevice(store: store, name: "laptop", clock: clock.timespec, retentionDays: 1)
+        let a = try TestDevice(store: store, name: "laptop", snapshotInterval: 24, clock: clock.timespec, retentionDays: 1)
         let b = try TestDevice(store: store, name: "desktop", clock: clock.timespec)
         defer { a.cleanUp(); b.cleanUp() }
         let collector = Collector(store: store, logger: Logger(label: "test"))
+        var longestJournal = 0
         var written: [String: Data] = [:]   // content hash → bytes
         var edits = 0
         func edit(_ device: TestDevice, _ name: String) throws {
@@ -58,12 +61,14 @@ import Glibc
             try b.engine.pull()
             try edit(b, "b.txt")
             try a.engine.pull()
+            a.engine.writeSnapshotIfDue()
             clock.advance(2 * Self.hour)
             store.clock.withLock { $0 = clock.now }
             if step % 3 == 2 {
                 removed += try collector.run(now: clock.now, grace: 3 * Self.hour).removed
             }
             largest = max(largest, store.blobBytes)
+            longestJournal = max(longestJournal, store.journalLength)
         }
         // Versions within 1 day (12 per file) + the one current at its start,
         // + 6 h between runs + 3 h of grace + up to 6 h until the sweeping run:
@@ -72,6 +77,8 @@ import Glibc
         let everything = UInt64(2 * 14 * 12 * Self.size)
         #expect(removed > 0)
         #expect(largest <= bound, "the store grew to \(largest) bytes (bound \(bound); without collecting \(everything))")
+        // 24 records a day: the period, the grace, 6 h between runs, and up to 30 records to the next snapshot.
+        #expect(longestJournal <= 24 + 3 + 6 + 30, "the journal grew to \(longestJournal) records (336 committed)")
 
         // Every version within the period restores byte for byte, on the other device too.
         for (device, name) in [(b, "a.txt"), (a, "b.txt")] {
