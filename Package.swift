@@ -27,9 +27,11 @@ let package = Package(
         .target(name: "CFuseWire", dependencies: ["CFuse3"]),
         // Optimised in debug builds too: at -O0 the SHA kernel runs a twentieth as fast.
         .target(name: "CHashLanes", cSettings: [.unsafeFlags(["-O2"], .when(configuration: .debug))]),
+        // The one lock type (`Lock`): a pthread mutex, which ThreadSanitizer sees.
+        .target(name: "UbiquityLocks"),
         .target(
             name: "UbiquityStore",
-            dependencies: ["CLinux", "CHashLanes", .product(name: "Crypto", package: "swift-crypto")],
+            dependencies: ["UbiquityLocks", "CLinux", "CHashLanes", .product(name: "Crypto", package: "swift-crypto")],
             swiftSettings: swiftSettings),
         .target(
             name: "UbiquityS3",
@@ -69,7 +71,7 @@ let package = Package(
             swiftSettings: swiftSettings),
         .target(name: "UbiquityProtocol", swiftSettings: swiftSettings),
         // Talks to the daemon only through UbiquityProtocol: no libfuse, SQLite or daemon code.
-        .target(name: "UbiquityKit", dependencies: ["UbiquityProtocol", "UbiquityLocator"], swiftSettings: swiftSettings),
+        .target(name: "UbiquityKit", dependencies: ["UbiquityLocks", "UbiquityProtocol", "UbiquityLocator"], swiftSettings: swiftSettings),
         .target(
             name: "UbiquityDaemon",
             dependencies: [

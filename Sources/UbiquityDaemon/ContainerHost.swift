@@ -1,6 +1,6 @@
 import Foundation
 import Logging
-import Synchronization
+import UbiquityLocks
 import UbiquityFS
 import UbiquityFUSE
 import UbiquityProtocol
@@ -23,7 +23,7 @@ final class ContainerHost: @unchecked Sendable, ReplicaObserver {
     /// The whole container, as the daemon itself edits it (the Documents folder).
     let base: FileSystem
     /// Mounts using this container (the daemon closes it when none is left).
-    let users = Mutex(0)
+    let users = Lock(0)
 
     /// A mount's kernel: its session, how replica inodes map to its numbers,
     /// and how the container shows in it now (nil: not shown).
@@ -32,7 +32,7 @@ final class ContainerHost: @unchecked Sendable, ReplicaObserver {
         var kernelIno: @Sendable (UInt64) -> UInt64?
         var view: @Sendable () -> KernelView?
     }
-    let viewers = Mutex<[ObjectIdentifier: Viewer]>([:])
+    let viewers = Lock<[ObjectIdentifier: Viewer]>([:])
 
     static let documents = FileName("Documents")
     /// The Documents folder's node ID, the same on every device (see `wellKnownDirectory`).

@@ -1,6 +1,6 @@
 import Foundation
 import Logging
-import Synchronization
+import UbiquityLocks
 import UbiquityProtocol
 import UbiquityStore
 #if canImport(Glibc)
@@ -53,7 +53,7 @@ final class ControlServer: Sendable {
     /// be reused by another socket (another server's listener) before the
     /// loop called `accept` on it again — and the loop would take that
     /// server's clients.
-    let listenerState = Mutex<(loopStarted: Bool, closed: Bool, stopped: Bool)>((false, false, false))
+    let listenerState = Lock<(loopStarted: Bool, closed: Bool, stopped: Bool)>((false, false, false))
 
     func start() {
         listenerState.withLock { $0.loopStarted = true }
@@ -109,15 +109,15 @@ final class ControlConnection: Sendable {
     /// Whether the connection is closed, and whether a send uses `fd` now
     /// (then that send closes it when it returns). Never held across a
     /// system call that may block.
-    private let state = Mutex(State())
+    private let state = Lock(State())
     struct State {
         var closed = false
         var sending = false
     }
     /// Keeps whole lines whole: held across a send, never taken by `close`.
-    private let sendLock = Mutex(())
+    private let sendLock = Lock(())
     /// Set when another thread answers later (the unmount waiter): `close()` leaves it open.
-    let heldOpen = Mutex(false)
+    let heldOpen = Lock(false)
     /// A client that reads nothing for this long is dropped (a `watch`
     /// that stopped reading): a send never blocks longer.
     static let sendTimeoutSeconds: Double = 10

@@ -1,5 +1,5 @@
 import Foundation
-import Synchronization
+import UbiquityLocks
 import UbiquityProtocol
 #if canImport(Glibc)
 import Glibc
@@ -53,7 +53,7 @@ final class Coordinator: Sendable {
         var answered: Set<UInt64> = []
         var next: UInt64 = 1
     }
-    let state = Mutex(State())
+    let state = Lock(State())
     let changed = Condition()
     let presenterTimeout: Double = ProcessInfo.processInfo.environment["UBIQUITYFS_PRESENTER_TIMEOUT"]
         .flatMap(Double.init).map { max(0, $0) } ?? 10

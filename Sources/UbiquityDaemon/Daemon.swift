@@ -1,6 +1,6 @@
 import Foundation
 import Logging
-import Synchronization
+import UbiquityLocks
 import UbiquityFS
 import UbiquityFUSE
 import UbiquityLocator
@@ -77,11 +77,11 @@ package final class Daemon: Sendable {
         /// The known-store marker could not be written (reported once logging is set up).
         var markerProblem: String?
     }
-    let started = Mutex(Started())
+    let started = Lock(Started())
 
     /// Failures of the daemon's own (not a container's sync): shown by every
     /// mount's `status` under "Recent errors", and logged.
-    let recentErrors = Mutex<[(Date, String)]>([])
+    let recentErrors = Lock<[(Date, String)]>([])
 
     func recordError(_ message: String) {
         logger.error("\(message)")
@@ -130,11 +130,11 @@ package final class Daemon: Sendable {
         /// Set when the last mount ended: new mounts go to a new daemon.
         var stopping = false
     }
-    let state = Mutex(State())
+    let state = Lock(State())
     /// One lock per container ID, for opening and closing it.
-    let openingLocks = Mutex<[String: OpeningLock]>([:])
+    let openingLocks = Lock<[String: OpeningLock]>([:])
     final class OpeningLock: Sendable {
-        let mutex = Mutex(())
+        let mutex = Lock(())
     }
 
     /// Run `body` holding container `id`'s opening lock.
@@ -148,15 +148,15 @@ package final class Daemon: Sendable {
         return try lock.mutex.withLock { _ in try body() }
     }
     /// The store's containers as last seen (`containerConfigs`), loaded from disk once.
-    let lastSeenConfigs = Mutex<[String: ContainerConfig]?>(nil)
+    let lastSeenConfigs = Lock<[String: ContainerConfig]?>(nil)
     /// Containers this daemon created because a mount named them (reported to that `mount`).
-    let createdContainers = Mutex<[String]>([])
+    let createdContainers = Lock<[String]>([])
     /// When the store's container list was last read in full (monotonic ns).
-    let lastFullContainerList = Mutex<UInt64>(0)
+    let lastFullContainerList = Lock<UInt64>(0)
     /// Damaged container configurations already logged.
-    let reportedDamage = Mutex(Set<String>())
+    let reportedDamage = Lock(Set<String>())
     /// Container → drive slot (see `driveSlot`).
-    let driveSlots = Mutex([String: Int]())
+    let driveSlots = Lock([String: Int]())
     let everyMountEnded = DispatchSemaphore(value: 0)
 
     package init(settings: DaemonSettings) {

@@ -1,6 +1,6 @@
 import Foundation
 import Logging
-import Synchronization
+import UbiquityLocks
 import UbiquityFS
 import UbiquityFUSE
 import UbiquityLocator
@@ -33,7 +33,7 @@ final class MountHost: @unchecked Sendable {
     /// The containers this mount shows (the drive: the home container first,
     /// then each container that has had a folder). Each counts as one user.
     /// `ended`: the mount is gone and has let go of them.
-    let containers: Mutex<(hosts: [ContainerHost], ended: Bool)>
+    let containers: Lock<(hosts: [ContainerHost], ended: Bool)>
 
     var hosts: [ContainerHost] { containers.withLock { $0.hosts } }
 
@@ -45,7 +45,7 @@ final class MountHost: @unchecked Sendable {
         }
     }
     /// A client waiting for the unmount to finish (told when everything is pushed).
-    let unmountWaiter = Mutex<ControlConnection?>(nil)
+    let unmountWaiter = Lock<ControlConnection?>(nil)
     var control: ControlServer?
     /// Signalled when `serve` has ended the mount and let go of everything.
     let ended = DispatchSemaphore(value: 0)
@@ -60,7 +60,7 @@ final class MountHost: @unchecked Sendable {
         self.mountpoint = mountpoint
         self.kind = kind
         self.daemon = daemon
-        self.containers = Mutex((containers, false))
+        self.containers = Lock((containers, false))
         // Recently Deleted at the mount's root, where file managers look for a volume's trash.
         let trashSource = WeakMountHost()
         let served = TrashFolder(base: fileSystem, owner: (geteuid(), getegid())) { trashSource.host?.trashFolderItems() ?? [] }
@@ -386,7 +386,7 @@ final class MountHost: @unchecked Sendable {
     /// containers are let go (`serve`).
     func unmount(_ connection: ControlConnection) {
         let hosts = self.hosts
-        let clientAlive = Mutex(true)
+        let clientAlive = Lock(true)
         do {
             for host in hosts {
                 try host.engine.drain(progress: { items, bytes in

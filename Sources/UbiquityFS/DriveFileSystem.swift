@@ -1,5 +1,5 @@
 import Foundation
-import Synchronization
+import UbiquityLocks
 import UbiquityReplica
 import UbiquityStore
 #if canImport(Glibc)
@@ -41,7 +41,7 @@ public final class DriveFileSystem: MountedFileSystem {
         /// The folders as listed when each root listing began (handle → folders).
         var rootListings: [UInt64: [(name: FileName, slot: Int)]] = [:]
     }
-    let table = Mutex(Table())
+    let table = Lock(Table())
 
     static let slotShift: UInt64 = 48
     /// The top bit of a handle is `KernelEventReplay`'s.

@@ -1,5 +1,5 @@
 import Foundation
-import Synchronization
+import UbiquityLocks
 import UbiquityReplica
 import UbiquityStore
 #if canImport(Glibc)
@@ -37,10 +37,10 @@ public final class FileSystem: Sendable {
     public let replica: Replica
     let hooks: any SyncHooks
     let options: FileSystemOptions
-    let handles = Mutex(HandleTable())
+    let handles = Lock(HandleTable())
     /// Inodes with opens the kernel serves in passthrough mode, by inode.
     /// Taken only under the namespace lock, and nothing is taken under it.
-    let passthrough = Mutex<[UInt64: PassthroughInode]>([:])
+    let passthrough = Lock<[UInt64: PassthroughInode]>([:])
     let siblingPrefetch = SiblingPrefetch()
     /// What the kernel of the mount showing this view holds.
     let kernel = KernelReferences()

@@ -1,6 +1,7 @@
 import Foundation
 import Logging
 import Synchronization
+import UbiquityLocks
 import UbiquityReplica
 import UbiquityStore
 #if canImport(Glibc)
@@ -72,7 +73,7 @@ public final class KernelEventReplay: Sendable {
             self.device = device
         }
     }
-    let queue = Mutex(Queue())
+    let queue = Lock(Queue())
     let wake = DispatchSemaphore(value: 0)
     let done = DispatchSemaphore(value: 0)
 
@@ -87,7 +88,7 @@ public final class KernelEventReplay: Sendable {
         var creating: [KernelKey: Holding] = [:]
         var nextHandle: UInt64 = 1
     }
-    let state = Mutex(State())
+    let state = Lock(State())
 
     public init(mountpoint: String, fs: any MountedFileSystem, logger: Logger,
                 invalidate: @escaping @Sendable (UInt64, FileName) -> Void) {

@@ -1,4 +1,4 @@
-import Synchronization
+import UbiquityLocks
 import UbiquityReplica
 
 /// The references one kernel holds on a container's nodes through one view
@@ -24,7 +24,7 @@ final class KernelReferences: Sendable {
         var excessForgets = 0
         var released = false
     }
-    let state = Mutex(State())
+    let state = Lock(State())
 
     /// The kernel got a reference to `ino` (a lookup, create, readdirplus…).
     func hold(_ ino: UInt64, in ns: inout Namespace) {

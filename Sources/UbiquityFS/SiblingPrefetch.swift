@@ -1,5 +1,5 @@
 import Foundation
-import Synchronization
+import UbiquityLocks
 import UbiquityReplica
 import UbiquityStore
 #if canImport(Glibc)
@@ -41,7 +41,7 @@ final class SiblingPrefetch: Sendable {
     }
 
     /// A leaf lock (taken inside the namespace lock, takes nothing itself).
-    private let runs = Mutex<[Run]>([])
+    private let runs = Lock<[Run]>([])
 
     /// `node`, a small local file, was opened for reading: the positions of
     /// its siblings to ask for now, if any (the caller holds the namespace,

@@ -1,5 +1,5 @@
 import Foundation
-import Synchronization
+import UbiquityLocks
 import UbiquityStore
 #if canImport(Glibc)
 import Glibc
@@ -79,7 +79,7 @@ public final class TrashFolder: MountedFileSystem {
         var handles: [UInt64: Node] = [:]
         var nextHandle: UInt64 = 0
     }
-    let state = Mutex(State())
+    let state = Lock(State())
 
     public init(base: any MountedFileSystem, owner: (uid: UInt32, gid: UInt32), items: @escaping @Sendable () -> [Item]) {
         self.base = base

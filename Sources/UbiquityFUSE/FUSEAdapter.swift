@@ -1,7 +1,7 @@
 import CFuse3
 import CFuseWire
 import Foundation
-import Synchronization
+import UbiquityLocks
 import Logging
 import UbiquityFS
 import UbiquityStore
@@ -29,7 +29,7 @@ final class FUSEContext: Sendable {
         var backingFiles: KernelBackingFiles?
         var replay: KernelEventReplay?
     }
-    let wiring = Mutex(Wiring())
+    let wiring = Lock(Wiring())
     /// Signalled once the kernel's INIT has been answered by `init`.
     let initialized = DispatchSemaphore(value: 0)
 

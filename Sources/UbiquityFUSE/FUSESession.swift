@@ -2,7 +2,7 @@ import CFuse3
 import CFuseWire
 import Foundation
 import Logging
-import Synchronization
+import UbiquityLocks
 import UbiquityFS
 import UbiquityLocator
 import UbiquityStore
@@ -64,7 +64,7 @@ public final class FUSESession: @unchecked Sendable {
     }
 
     /// The thread running `run`, and whether the loop has returned.
-    let loop = Mutex<(thread: pthread_t?, ended: Bool)>((nil, false))
+    let loop = Lock<(thread: pthread_t?, ended: Bool)>((nil, false))
 
     static let wakeSignal = SIGUSR2
 

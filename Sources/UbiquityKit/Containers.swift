@@ -1,4 +1,4 @@
-import Synchronization
+import UbiquityLocks
 import UbiquityLocator
 import UbiquityProtocol
 #if canImport(Glibc)
@@ -21,7 +21,7 @@ import Glibc
 /// `ubiquityfs mount` (from `UBIQUITYFS_BIN` or `PATH`), on the device's
 /// default store or the one that mountpoint used last.
 public enum UbiquityContainers {
-    static let declared = Mutex<[String]?>(nil)
+    static let declared = Lock<[String]?>(nil)
 
     /// Declare the app's containers (the first is the default one).
     public static func declare(_ identifiers: [String]) {
@@ -75,7 +75,7 @@ public enum UbiquityContainers {
             .map { URL(fileURLWithPath: $0.record.mountpoint, isDirectory: true) }
     }
 
-    static let mounting = Mutex(())
+    static let mounting = Lock(())
 
     static func mountOnDemand(_ id: String) -> URL? {
         mounting.withLock { _ -> URL? in

@@ -1,5 +1,5 @@
 @_exported import Foundation
-import Synchronization
+import UbiquityLocks
 import UbiquityLocator
 import UbiquityProtocol
 #if canImport(Glibc)
@@ -25,7 +25,7 @@ enum Daemons {
         var record: MountRecord
         var description: MountDescription
     }
-    static let described = Mutex<[String: Shown]>([:])
+    static let described = Lock<[String: Shown]>([:])
 
     /// This device's live mounts and what each shows.
     static func mounts() -> [Shown] {

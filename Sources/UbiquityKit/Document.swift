@@ -1,4 +1,4 @@
-import Synchronization
+import UbiquityLocks
 import UbiquityProtocol
 
 /// `UIDocument`: a document in a ubiquity container, read and written
@@ -58,7 +58,7 @@ open class UIDocument: NSObject, NSFilePresenter, @unchecked Sendable {
         var autosaveScheduled = false
         var saving = false
     }
-    let status = Mutex(Status())
+    let status = Lock(Status())
     /// The document's own accesses do not ask the document to let go.
     var coordinator: NSFileCoordinator { NSFileCoordinator(filePresenter: self) }
     let queue: OperationQueue = {

@@ -1,4 +1,4 @@
-import Synchronization
+import UbiquityLocks
 import UbiquityLocator
 import UbiquityProtocol
 #if canImport(Glibc)
@@ -41,7 +41,7 @@ open class NSFileCoordinator: NSObject, @unchecked Sendable {
     }
 
     let presenter: (any NSFilePresenter)?
-    let cancelled = Mutex(false)
+    let cancelled = Lock(false)
     /// Told how the download of placeholders read goes (UIDocument's `progress`).
     var downloadProgress: (@Sendable (DownloadProgress) -> Void)?
 
@@ -148,9 +148,9 @@ open class NSFileCoordinator: NSObject, @unchecked Sendable {
     /// Ask the daemon for the items; return the connection once granted
     /// (closing it lets go).
     static func grant(_ record: MountRecord, _ command: Command, progress: (@Sendable (DownloadProgress) -> Void)?) throws -> Int32 {
-        let result = Mutex<Int32?>(nil)
+        let result = Lock<Int32?>(nil)
         let granted = DispatchSemaphore(value: 0)
-        let failure = Mutex<(any Error)?>(nil)
+        let failure = Lock<(any Error)?>(nil)
         Thread.detachNewThread {
             var connection: Int32 = -1
             do {
@@ -236,7 +236,7 @@ enum FilePresenters {
         var watched: [Watched] = []
         var cookies: [UInt32: String] = [:]
     }
-    static let state = Mutex(State())
+    static let state = Lock(State())
     /// Longest a coordinated access waits for one of this process's presenters to let go.
     static let timeout = 10.0
 
@@ -322,7 +322,7 @@ enum FilePresenters {
     /// `timeout`); what gives their items back.
     static func relinquish(_ asks: [Ask]) -> [Reacquirer] {
         guard !asks.isEmpty else { return [] }
-        let answers = Mutex<[Int: UncheckedBox<(() -> Void)?>]>([:])
+        let answers = Lock<[Int: UncheckedBox<(() -> Void)?>]>([:])
         let answered = DispatchSemaphore(value: 0)
         for (index, ask) in asks.enumerated() {
             relinquish(ask.presenter, ask.access, save: ask.save) { reacquirer in
@@ -349,9 +349,9 @@ enum FilePresenters {
     /// A presenter as the daemon knows it: the `present` connection, whose
     /// asks are answered once the presenter let go.
     final class Link: @unchecked Sendable {
-        let fd = Mutex<Int32>(-1)
-        let closed = Mutex(false)
-        let reacquirers = Mutex<[UInt64: UncheckedBox<() -> Void>]>([:])
+        let fd = Lock<Int32>(-1)
+        let closed = Lock(false)
+        let reacquirers = Lock<[UInt64: UncheckedBox<() -> Void>]>([:])
 
         /// Present `url` to its mount's daemon (nil outside a mount).
         static func open(_ presenter: any NSFilePresenter, _ url: URL) -> Link? {

@@ -1,5 +1,5 @@
 import Foundation
-import Synchronization
+import UbiquityLocks
 import UbiquityLocator
 import UbiquityProtocol
 
@@ -39,7 +39,7 @@ open class NSFileVersion: NSObject, @unchecked Sendable {
     let location: URL
     /// An earlier version: its ID in the history.
     let historyID: UInt64?
-    let fetchedCopy = Mutex<URL?>(nil)
+    let fetchedCopy = Lock<URL?>(nil)
 
     init(item: URL, mountpoint: String, version: ItemVersion) {
         self.item = item

@@ -1,4 +1,4 @@
-import Synchronization
+import UbiquityLocks
 import UbiquityLocator
 import UbiquityProtocol
 #if canImport(Glibc)
@@ -59,10 +59,10 @@ public let NSMetadataQueryDidUpdateNotification = NSNotification.Name.NSMetadata
 /// stands for the same item across a query's updates (a rename changes its
 /// path and name, not the object).
 open class NSMetadataItem: NSObject, @unchecked Sendable {
-    let state: Mutex<[String: JSONValue]>
+    let state: Lock<[String: JSONValue]>
 
     init(values: [String: JSONValue]) {
-        state = Mutex(values)
+        state = Lock(values)
         super.init()
     }
 
@@ -177,7 +177,7 @@ open class NSMetadataQuery: NSObject, @unchecked Sendable {
         var gatheringLeft = 0
         var flushScheduled = false
     }
-    let state = Mutex(State())
+    let state = Lock(State())
 
     public override init() { super.init() }
 

@@ -1,5 +1,6 @@
 import Foundation
 import Synchronization
+import UbiquityLocks
 import UbiquityStore
 
 /// When programs last used the mount, so that background work gives way to them.
@@ -36,7 +37,7 @@ public final class ForegroundActivity: Sendable {
     /// Monotonic nanoseconds of the last namespace change noted (0: none yet).
     private let lastChange = Atomic<UInt64>(0)
     /// Descriptors of files read by passthrough, with their cached pages at the last look.
-    private let unseenReads = Mutex<[Int32: Int]>([:])
+    private let unseenReads = Lock<[Int32: Int]>([:])
 
     /// Quiet time that counts as the programs having paused.
     public static let quietWindow: UInt64 = 100_000_000

@@ -1,6 +1,6 @@
 import Foundation
 import GRDB
-import Synchronization
+import UbiquityLocks
 import UbiquityStore
 
 /// The replica's persistent index: one SQLite database (GRDB, WAL,
@@ -17,7 +17,7 @@ import UbiquityStore
 final class Index: Sendable {
     let db: DatabaseQueue
     /// Transactions and operations written since the last checkpoint.
-    let sinceCheckpoint = Mutex<(transactions: Int, ops: Int)>((0, 0))
+    let sinceCheckpoint = Lock<(transactions: Int, ops: Int)>((0, 0))
 
     init(path: String, readOnly: Bool = false) throws {
         var config = Configuration()

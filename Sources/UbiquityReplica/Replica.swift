@@ -1,5 +1,5 @@
 import Foundation
-import Synchronization
+import UbiquityLocks
 import UbiquityStore
 #if canImport(Glibc)
 import Glibc
@@ -43,19 +43,19 @@ public final class Replica: Sendable {
     let index: Index
     let log: OperationLog
     let applier: IndexApplier
-    let namespace: Mutex<Namespace>
+    let namespace: Lock<Namespace>
     /// Operation log records SQLite lacked when the replica was opened (the
     /// daemon had stopped without waiting for `IndexApplier`).
     public let replayedRecords: Int
-    let writer = Mutex<Int>(0)
+    let writer = Lock<Int>(0)
     /// The last operation log record `makeDurable` synced; held across the
     /// flush (see there).
-    let synced = Mutex<UInt64>(0)
+    let synced = Lock<UInt64>(0)
     /// Cache folders (`bucket` numbers) in which a cache file was created
     /// or installed since the last `makeDurable` (a leaf lock).
-    let createdInBuckets = Mutex<Set<UInt64>>([])
+    let createdInBuckets = Lock<Set<UInt64>>([])
     let lockFD: Int32
-    let lockReleased = Mutex(false)
+    let lockReleased = Lock(false)
     let reserve: SpaceReserve
     let spares: SpareCacheFiles
     /// Past this size the operation log's current segment is emptied or rotated.
@@ -115,7 +115,7 @@ public final class Replica: Sendable {
             var ns = try index.load()
             Self.recover(&ns, cacheDirectory: cacheDirectory, rootOwner: rootOwner, spares: spares)
             Self.removeOrphanedCacheFiles(ns, cacheDirectory: cacheDirectory)
-            namespace = Mutex(ns)
+            namespace = Lock(ns)
         } catch {
             close(lockFD)
             throw error

@@ -1,5 +1,6 @@
 import Foundation
 import Synchronization
+import UbiquityLocks
 import UbiquityStore
 #if canImport(Glibc)
 import Glibc
@@ -47,7 +48,7 @@ final class SpaceReserve: Sendable {
     }
 
     let path: String
-    let state: Mutex<State>
+    let state: Lock<State>
     /// The reserve holds `size` bytes (read without the lock on every write).
     let whole = Atomic<Bool>(false)
 
@@ -59,7 +60,7 @@ final class SpaceReserve: Sendable {
         let fd = try syscallRetrying("open \(path)") { open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0o600) }
         var st = stat()
         fstat(fd, &st)
-        state = Mutex(State(fd: fd, allocated: Int64(st.st_size)))
+        state = Lock(State(fd: fd, allocated: Int64(st.st_size)))
         whole.store(Int64(st.st_size) >= Self.size, ordering: .relaxed)
         refill()
     }

@@ -1,5 +1,5 @@
 import Foundation
-import Synchronization
+import UbiquityLocks
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -41,7 +41,7 @@ final class SpareCacheFiles: Sendable {
         /// Names handed to `retire` calls still under way, counted against `limit`.
         var retiring = 0
     }
-    private let state: Mutex<State>
+    private let state: Lock<State>
 
     init(directoryPath: String, limit: Int = 16_384, ahead: Int = 0) {
         self.directoryPath = directoryPath
@@ -59,7 +59,7 @@ final class SpareCacheFiles: Sendable {
                 }
             }
         }
-        state = Mutex(found)
+        state = Lock(found)
     }
 
     var count: Int { state.withLock { $0.names.count } }
@@ -68,7 +68,7 @@ final class SpareCacheFiles: Sendable {
     /// the count below which a `take` starts it again.
     let ahead: Int
     var lowWater: Int { ahead / 4 }
-    private let filling = Mutex(false)
+    private let filling = Lock(false)
 
     /// Make spares on a thread of their own until there are `ahead` (one
     /// filler at a time); a failure (a full disk) stops it quietly: spares

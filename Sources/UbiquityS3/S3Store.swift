@@ -2,6 +2,7 @@ import Foundation
 import Logging
 import NIOHTTP1
 import Synchronization
+import UbiquityLocks
 import UbiquityStore
 
 /// A store in an S3 bucket (AWS S3, Ceph RGW, SeaweedFS, MinIO, R2…): the
@@ -49,7 +50,7 @@ public final class S3Store: Store, @unchecked Sendable {
     public var packsSmallContent: Bool { format.load(ordering: .relaxed) >= 2 }
     var location: S3Location { client.location }
     /// Per container: the first journal number not yet read (what the watcher looks for).
-    let nextRecord = Mutex<[String: UInt64]>([:])
+    let nextRecord = Lock<[String: UInt64]>([:])
     /// When a record was last committed or read (monotonic ns): the watcher polls often after.
     let lastActivity = Atomic<UInt64>(0)
     /// Concurrent GETs when catching up on many records.
@@ -208,7 +209,7 @@ public final class S3Store: Store, @unchecked Sendable {
     /// containers only when it changed (or every few minutes, for changes
     /// made by other tools).
     static let containersChangedName = "ubiquityfs-containers.json"
-    let containersETag = Mutex<String?>(nil)
+    let containersETag = Lock<String?>(nil)
 
     func noteContainersChanged() throws {
         let body = Data("{\"changed\": \"\(UUID().uuidString.lowercased())\"}".utf8)

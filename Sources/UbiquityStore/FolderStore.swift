@@ -1,5 +1,6 @@
 import Foundation
 import Synchronization
+import UbiquityLocks
 import CLinux
 #if canImport(Glibc)
 import Glibc
@@ -758,7 +759,7 @@ public enum ChunkBuffer {
     public static let size = 4 << 20
     static let alignment = 4096
     static let hugePage = 2 << 20
-    private static let idle = Mutex<[UInt]>([])   // addresses: pointers are not Sendable
+    private static let idle = Lock<[UInt]>([])   // addresses: pointers are not Sendable
 
     static func with<T>(_ body: (UnsafeMutableRawPointer) throws -> T) throws -> T {
         let buffer = try take()

@@ -1,4 +1,4 @@
-import Synchronization
+import UbiquityLocks
 
 /// How a thread says it is about to wait for something slow (a download),
 /// so that the FUSE loop, if the thread is the one reading the mount's
@@ -6,7 +6,7 @@ import Synchronization
 /// (`CFuseWire/fuseloop.h`). The FUSE adapter installs the hook; without
 /// one, nothing happens.
 public enum LongWait {
-    private static let hook = Mutex<(@Sendable () -> Void)?>(nil)
+    private static let hook = Lock<(@Sendable () -> Void)?>(nil)
 
     public static func install(_ body: @escaping @Sendable () -> Void) {
         hook.withLock { $0 = body }

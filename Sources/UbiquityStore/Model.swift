@@ -1,5 +1,5 @@
 import Foundation
-import Synchronization
+import UbiquityLocks
 
 /// The data model shared by the store, the replica and the sync engine.
 ///
@@ -62,7 +62,7 @@ extension NodeID {
         var high: UInt64 = 0
         var lowTop: UInt16 = 0
         var count: UInt64 = 0
-        static let shared = Mutex(Minting())
+        static let shared = Lock(Minting())
     }
 
     private static let hexDigits: [UInt8] = Array("0123456789abcdef".utf8)

@@ -1,6 +1,7 @@
 import CLinux
 import Foundation
 import Synchronization
+import UbiquityLocks
 
 /// Blocking work (network requests) spread over a few helper threads.
 /// Not `DispatchQueue.concurrentPerform`: that runs about one iteration per
@@ -31,7 +32,7 @@ public enum Parallel {
         let items: [T]
         let transform: @Sendable (T) -> R
         let next = Atomic<Int>(0)
-        let finished = Mutex<(results: [R?], count: Int)>(([], 0))
+        let finished = Lock<(results: [R?], count: Int)>(([], 0))
         let allDone = DispatchSemaphore(value: 0)
 
         init(items: [T], transform: @escaping @Sendable (T) -> R) {

@@ -1,5 +1,5 @@
 import Foundation
-import Synchronization
+import UbiquityLocks
 #if canImport(Glibc)
 import Glibc
 #endif
@@ -18,13 +18,13 @@ public final class InMemoryStore: Store {
     }
 
     /// The store's clock (`Date()` unless a test moves it).
-    public let clock = Mutex<Date?>(nil)
+    public let clock = Lock<Date?>(nil)
     var now: Date { clock.withLock { $0 } ?? Date() }
 
     public let storeID = UUID().uuidString.lowercased()
     /// As a store of format 2 (small files packed), unless made without.
     public let packsSmallContent: Bool
-    let state = Mutex(State())
+    let state = Lock(State())
 
     public init(packsSmallContent: Bool = true) { self.packsSmallContent = packsSmallContent }
 
@@ -209,10 +209,10 @@ public final class FaultyStore: Store, CustomStringConvertible {
     public enum Operation: Sendable, Hashable { case commit, journal, blobSize, putBlob, fetchBlob }
 
     let base: any Store
-    let failing = Mutex<Set<Operation>>([])
-    let delay = Mutex<Double?>(nil)
-    let journalDelay = Mutex<Double?>(nil)
-    let blobLimit = Mutex<Int?>(nil)
+    let failing = Lock<Set<Operation>>([])
+    let delay = Lock<Double?>(nil)
+    let journalDelay = Lock<Double?>(nil)
+    let blobLimit = Lock<Int?>(nil)
     public var storeID: String { base.storeID }
     public var downloadConcurrency: Int { base.downloadConcurrency }
     /// As the wrapped store's; its chunks are then read (`readBlob`) through
@@ -233,7 +233,7 @@ public final class FaultyStore: Store, CustomStringConvertible {
     public func updateContainer(_ config: ContainerConfig) throws { try base.updateContainer(config) }
     public func containers() throws -> ContainerListing { try base.containers() }
     /// Commits succeed in the store but answer an error (a reply lost on the way back).
-    public let loseCommitReplies = Mutex(false)
+    public let loseCommitReplies = Lock(false)
     public func commit(container: String, seq: UInt64, changeSet: ChangeSet) throws -> Bool {
         try check(.commit)
         let committed = try base.commit(container: container, seq: seq, changeSet: changeSet)
@@ -287,7 +287,7 @@ public final class FaultyStore: Store, CustomStringConvertible {
     /// Make every blob fetch take this long (a slow store), or nil.
     public func slowFetches(by seconds: Double?) { delay.withLock { $0 = seconds } }
     /// Run before each `listBlobs` (a device at work while the collector runs).
-    public let beforeListingBlobs = Mutex<(@Sendable () throws -> Void)?>(nil)
+    public let beforeListingBlobs = Lock<(@Sendable () throws -> Void)?>(nil)
     public func listBlobs() throws -> [StoredBlob] {
         try beforeListingBlobs.withLock { $0 }?()
         return try base.listBlobs()

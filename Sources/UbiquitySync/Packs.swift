@@ -2,6 +2,7 @@ import Foundation
 import GRDB
 import Logging
 import Synchronization
+import UbiquityLocks
 import UbiquityReplica
 import UbiquityStore
 
@@ -146,7 +147,7 @@ final class PackWriter: Sendable {
     }
 
     let store: any Store
-    let state = Mutex(State())
+    let state = Lock(State())
 
     init(store: any Store) { self.store = store }
 

@@ -1,6 +1,6 @@
 import Foundation
 import Logging
-import Synchronization
+import UbiquityLocks
 import UbiquityReplica
 import UbiquityStore
 #if canImport(Glibc)
@@ -46,31 +46,31 @@ public final class SyncEngine: Sendable {
     /// Bytes of content to keep at most (nil: no limit).
     public let cacheLimit: UInt64?
 
-    let pushLock = Mutex<Int>(0)
+    let pushLock = Lock<Int>(0)
     /// Held by a push from its commit until it is settled (`appliedSeq` moved past it).
-    let commitGate = Mutex<Int>(0)
-    let pullLock = Mutex<Int>(0)
-    let observer = Mutex<(any ReplicaObserver)?>(nil)
+    let commitGate = Lock<Int>(0)
+    let pullLock = Lock<Int>(0)
+    let observer = Lock<(any ReplicaObserver)?>(nil)
     let pullThreadDone = DispatchSemaphore(value: 0)
-    let pulling = Mutex(false)
+    let pulling = Lock(false)
     let downloads = DownloadBoard()
     let wake = DispatchSemaphore(value: 0)
-    let status = Mutex(SyncStatus())
-    let stopped = Mutex(false)
+    let status = Lock(SyncStatus())
+    let stopped = Lock(false)
     let pushThreadDone = DispatchSemaphore(value: 0)
     /// Files whose content the store would not take (full, a failing write):
     /// each is retried with its own back-off while the others go ahead.
-    let uploadFailures = Mutex<[UInt64: UploadFailure]>([:])
+    let uploadFailures = Lock<[UInt64: UploadFailure]>([:])
     /// Files the cache limit could not evict, and when (monotonic ns) it may try again.
-    let limitRefusals = Mutex<[UInt64: UInt64]>([:])
+    let limitRefusals = Lock<[UInt64: UInt64]>([:])
     let checkThreadDone = DispatchSemaphore(value: 0)
-    let checking = Mutex(false)
+    let checking = Lock(false)
     /// Held by a cache-limit pass (`enforceCacheLimit`), over its evictions.
-    let cacheLimitPass = Mutex(0)
+    let cacheLimitPass = Lock(0)
     /// Journal records between snapshots, at least (0: never read or write one).
     let snapshotInterval: UInt64
     /// The newest snapshot this device knows of (nil: not asked yet).
-    let latestSnapshot = Mutex<UInt64?>(nil)
+    let latestSnapshot = Lock<UInt64?>(nil)
     /// Where packed content is (`Packs.swift`).
     let packs: PackIndex
     /// The container's history as read from the journal (`History.swift`).
@@ -79,9 +79,9 @@ public final class SyncEngine: Sendable {
     /// with (tests move it: a week of edits in a second).
     let clock: @Sendable () -> Timespec
     /// When `catchUpHistory` last made sure the history reaches back to the retention limit.
-    let historyBackfilled = Mutex<Date?>(nil)
+    let historyBackfilled = Lock<Date?>(nil)
     /// When the journal's base was last read (nil: read it at the next chance; `Rejoin.swift`).
-    let baseChecked = Mutex<Date?>(nil)
+    let baseChecked = Lock<Date?>(nil)
 
     public init(replica: Replica, store: any Store, container: String, device: DeviceIdentity,
                 logger: Logger, writeBackDelay: Double = 0.2, cacheLimit: UInt64? = nil,

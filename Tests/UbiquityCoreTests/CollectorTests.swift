@@ -1,6 +1,6 @@
 import Foundation
 import Logging
-import Synchronization
+import UbiquityLocks
 import Testing
 import UbiquityFS
 import UbiquityReplica
@@ -15,7 +15,7 @@ import Glibc
 @Suite struct CollectorTests {
     /// A wall clock the test moves, shared by the store and the devices.
     final class FakeClock: Sendable {
-        let time = Mutex(Date(timeIntervalSince1970: 1_800_000_000))
+        let time = Lock(Date(timeIntervalSince1970: 1_800_000_000))
         var now: Date { time.withLock { $0 } }
         func advance(_ seconds: TimeInterval) { time.withLock { $0 += seconds } }
         var timespec: @Sendable () -> Timespec {

@@ -1,5 +1,6 @@
 import Foundation
 import Synchronization
+import UbiquityLocks
 import Testing
 import UbiquityFS
 import UbiquityReplica
@@ -81,7 +82,7 @@ import Glibc
         SyncEngine.installWaitMilliseconds.store(1000, ordering: .relaxed)
         defer { SyncEngine.installWaitMilliseconds.store(saved, ordering: .relaxed) }
 
-        let outcome = Mutex<Result<Void, any Error>?>(nil)
+        let outcome = Lock<Result<Void, any Error>?>(nil)
         let engine = b.engine
         Thread.detachNewThread {
             let result = Result { try engine.download(ino: ino) }

@@ -1,6 +1,6 @@
 import Crypto
 import Foundation
-import Synchronization
+import UbiquityLocks
 import Testing
 @testable import UbiquityStore
 
@@ -34,7 +34,7 @@ import Testing
         let chunks = (0..<8).map { i in (0..<(1 << 20)).map { UInt8(truncatingIfNeeded: $0 &* (i + 3)) } }
         // Every worker says it is reading before any hashes, as overlapping reads do.
         for _ in chunks { pairs.expect() }
-        let digests = Mutex<[Int: String]>([:])
+        let digests = Lock<[Int: String]>([:])
         let finished = DispatchGroup()
         for (i, chunk) in chunks.enumerated() {
             finished.enter()

@@ -1,6 +1,6 @@
 import Foundation
 import Logging
-import Synchronization
+import UbiquityLocks
 import Testing
 import UbiquityControl
 @testable import UbiquityDaemon
@@ -17,7 +17,7 @@ import Glibc
     /// with two updates and `status`-less commands with `NoResult`.
     final class Fixture: Sendable {
         final class Received: Sendable {
-            let commands = Mutex<[Command]>([])
+            let commands = Lock<[Command]>([])
         }
 
         let path = "/tmp/ubq-test-\(UUID().uuidString.prefix(8)).sock"

@@ -1,5 +1,5 @@
 import Foundation
-import Synchronization
+import UbiquityLocks
 import Testing
 import UbiquityS3
 import UbiquityStore
@@ -230,8 +230,8 @@ func changeSet(_ device: String, _ n: Int = 0) -> ChangeSet {
         try s.store.createContainer(ContainerConfig(id: "com.race", displayName: "Race"))
         let devices = try (0..<8).map { _ in try s.reopen() }
         for seq in 1...10 {
-            let winners = Mutex<[Int]>([])
-            let failures = Mutex<[String]>([])
+            let winners = Lock<[Int]>([])
+            let failures = Lock<[String]>([])
             DispatchQueue.concurrentPerform(iterations: devices.count) { i in
                 do {
                     if try devices[i].commit(container: "com.race", seq: UInt64(seq), changeSet: changeSet("device-\(i)")) {
