@@ -88,6 +88,11 @@ let package = Package(
             ],
             swiftSettings: swiftSettings),
         .executableTarget(name: "ubiquityfs", dependencies: ["UbiquityCLI"], swiftSettings: swiftSettings),
+        // Stores for tests (in memory, with injected faults): never in the product.
+        .target(name: "UbiquityTesting", dependencies: ["UbiquityStore", "UbiquityLocks"], swiftSettings: swiftSettings),
+        // The command with fault injection (UBIQUITYFS_FAULTS) for the mount tests: built, never installed.
+        .executableTarget(name: "ubiquityfs-testing", dependencies: ["UbiquityCLI", "UbiquityDaemon", "UbiquityTesting"],
+                          path: "Tests/ubiquityfs-testing", swiftSettings: swiftSettings),
         // The seeds' samples on UbiquityKit (docs/UBIQUITYKIT.md); Swift 5 mode, as the seeds were written.
         .executableTarget(name: "ubiquitykit-item-query", dependencies: ["UbiquityKit"], path: "Examples/ItemQuery",
                          swiftSettings: [.swiftLanguageMode(.v5)]),
@@ -117,7 +122,7 @@ let package = Package(
             swiftSettings: swiftSettings),
         .testTarget(
             name: "UbiquityCoreTests",
-            dependencies: ["UbiquityFS", "UbiquitySync", "UbiquityReplica", "UbiquityStore"],
+            dependencies: ["UbiquityFS", "UbiquitySync", "UbiquityReplica", "UbiquityStore", "UbiquityTesting"],
             swiftSettings: swiftSettings),
     ]
 )

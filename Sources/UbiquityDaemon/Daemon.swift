@@ -241,7 +241,7 @@ package final class Daemon: Sendable {
         try locations.prepareDataHome()
         device = try DeviceIdentity.load(dataHome: locations.dataHome, name: settings.deviceName)
         store = try openStore()
-        syncStore = Self.withInjectedFaults(store)
+        syncStore = Self.wrapSyncStore.withLock { $0 }?(store) ?? store
 
         // Logs: the store's daemon.log, plus stderr in the foreground.
         let logDirectory = locations.dataHome.appendingPathComponent("replicas").appendingPathComponent(store.storeID)
@@ -650,19 +650,10 @@ package final class Daemon: Sendable {
         }
     }
 
-    /// `UBIQUITYFS_FAULTS=fetch-delay=SECONDS` makes every blob fetch slow,
-    /// `journal-delay=SECONDS` every journal read — for tests of streaming
-    /// placeholder reads and of slow pulls on a real mount, never set otherwise.
-    static func withInjectedFaults(_ store: any Store) -> any Store {
-        guard let spec = ProcessInfo.processInfo.environment["UBIQUITYFS_FAULTS"], !spec.isEmpty else { return store }
-        let faulty = FaultyStore(store)
-        for item in spec.split(separator: ",") {
-            let parts = item.split(separator: "=", maxSplits: 1).map(String.init)
-            if parts.count == 2, parts[0] == "fetch-delay", let seconds = Double(parts[1]) { faulty.slowFetches(by: seconds) }
-            if parts.count == 2, parts[0] == "journal-delay", let seconds = Double(parts[1]) { faulty.slowJournalReads(by: seconds) }
-        }
-        return faulty
-    }
+    /// What the sync engines see of the store: the store itself, unless a
+    /// test build of the command (`ubiquityfs-testing`, never installed)
+    /// wraps it to inject faults. Set once, before the daemon starts.
+    package static let wrapSyncStore = Lock<(@Sendable (any Store) -> any Store)?>(nil)
 
     package static func notify(_ fd: Int32, _ message: String) {
         let line = message + "\n"

@@ -5,6 +5,7 @@ import Testing
 import UbiquityFS
 import UbiquityReplica
 import UbiquityStore
+import UbiquityTesting
 @testable import UbiquitySync
 #if canImport(Glibc)
 import Glibc

@@ -3,6 +3,7 @@ import Testing
 import UbiquityFS
 import UbiquityReplica
 import UbiquityStore
+import UbiquityTesting
 import UbiquitySync
 #if canImport(Glibc)
 import Glibc

@@ -3,6 +3,7 @@ import Testing
 import UbiquityFS
 @testable import UbiquityReplica
 import UbiquityStore
+import UbiquityTesting
 #if canImport(Glibc)
 import Glibc
 #endif

@@ -4,6 +4,7 @@ import Testing
 import UbiquityFS
 import UbiquityReplica
 import UbiquityStore
+import UbiquityTesting
 import UbiquitySync
 
 /// The collector compacts the journal (records older than the retention

@@ -32,6 +32,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(os.environ.get("UBIQUITYFS_BIN") or REPO / ".build" / "debug" / "ubiquityfs")
+# The same command with fault injection (UBIQUITYFS_FAULTS): mounts that set it run this one.
+TESTING_BIN = Path(os.environ.get("UBIQUITYFS_TESTING_BIN") or BIN.with_name("ubiquityfs-testing"))
 # The control protocol the binary speaks (docs/PROTOCOL.md), for tests that talk to a daemon's socket directly.
 CONTROL_PROTOCOL = "1.3"
 PLAIN = os.environ.get("UBQ_TEST_PLAIN", "") == "1"
@@ -335,7 +337,8 @@ class Device:
         n = len(self.history)
         out_path = self.logdir / f"{n:02d}-{args[0]}.stdout"
         err_path = self.logdir / f"{n:02d}-{args[0]}.stderr"
-        argv = [str(BIN), *map(str, args)]
+        faulty = "UBIQUITYFS_FAULTS" in (extra_env or {})
+        argv = [str(TESTING_BIN if faulty else BIN), *map(str, args)]
         start = time.monotonic()
         with open(out_path, "wb") as out, open(err_path, "wb") as err:
             proc = subprocess.Popen(

@@ -1,5 +1,6 @@
 import Foundation
 import UbiquityLocks
+import UbiquityStore
 #if canImport(Glibc)
 import Glibc
 #endif
