@@ -9,9 +9,10 @@ import UbiquityStore
 /// The only code that touches libfuse: it translates each low-level request
 /// into a call on `FileSystem` and the result into a `fuse_reply_*`.
 ///
-/// Callbacks are `@convention(c)` closures created in a nonisolated
-/// function (never at the top level of `main.swift`, where they would be
-/// main-actor isolated and trap on libfuse's worker threads). Each finds the
+/// Callbacks are one function per operation (`FUSEOperations`), put in the
+/// table by `@convention(c)` closures made in a nonisolated function (never
+/// at the top level of `main.swift`, where they would be main-actor
+/// isolated and trap on libfuse's worker threads). Each finds the
 /// `FUSEContext` through `fuse_req_userdata`. Pointers libfuse passes
 /// (`name`, `fi`) are copied before the callback returns. No lock of the
 /// core is held while replying: the core returns values, then we reply.
@@ -130,8 +131,45 @@ enum Convert {
 /// Build the operation table. Every entry forwards to the core.
 func makeOperations() -> fuse_lowlevel_ops {
     var ops = fuse_lowlevel_ops()
+    ops.`init` = { FUSEOperations.initialize($0, $1) }
+    ops.lookup = { FUSEOperations.lookup($0, $1, $2) }
+    ops.forget = { FUSEOperations.forget($0, $1, $2) }
+    ops.forget_multi = { FUSEOperations.forgetMulti($0, $1, $2) }
+    ops.getattr = { FUSEOperations.getattr($0, $1, $2) }
+    ops.setattr = { FUSEOperations.setattr($0, $1, $2, $3, $4) }
+    ops.readlink = { FUSEOperations.readlink($0, $1) }
+    ops.mknod = { FUSEOperations.mknod($0, $1, $2, $3, $4) }
+    ops.mkdir = { FUSEOperations.mkdir($0, $1, $2, $3) }
+    ops.unlink = { FUSEOperations.unlink($0, $1, $2) }
+    ops.rmdir = { FUSEOperations.rmdir($0, $1, $2) }
+    ops.symlink = { FUSEOperations.symlink($0, $1, $2, $3) }
+    ops.rename = { FUSEOperations.rename($0, $1, $2, $3, $4, $5) }
+    ops.link = { FUSEOperations.link($0, $1, $2, $3) }
+    ops.open = { FUSEOperations.open($0, $1, $2) }
+    ops.create = { FUSEOperations.create($0, $1, $2, $3, $4) }
+    ops.read = { FUSEOperations.read($0, $1, $2, $3, $4) }
+    ops.write = { FUSEOperations.write($0, $1, $2, $3, $4, $5) }
+    ops.flush = { FUSEOperations.flush($0, $1, $2) }
+    ops.release = { FUSEOperations.release($0, $1, $2) }
+    ops.fsync = { FUSEOperations.fsync($0, $1, $2, $3) }
+    ops.fallocate = { FUSEOperations.fallocate($0, $1, $2, $3, $4, $5) }
+    ops.opendir = { FUSEOperations.opendir($0, $1, $2) }
+    ops.readdir = { FUSEOperations.readdir($0, $1, $2, $3, $4) }
+    ops.readdirplus = { FUSEOperations.readdirplus($0, $1, $2, $3, $4) }
+    ops.releasedir = { FUSEOperations.releasedir($0, $1, $2) }
+    ops.fsyncdir = { FUSEOperations.fsyncdir($0, $1, $2, $3) }
+    ops.statfs = { FUSEOperations.statfs($0, $1) }
+    ops.setxattr = { FUSEOperations.setxattr($0, $1, $2, $3, $4, $5) }
+    ops.getxattr = { FUSEOperations.getxattr($0, $1, $2, $3) }
+    ops.listxattr = { FUSEOperations.listxattr($0, $1, $2) }
+    ops.removexattr = { FUSEOperations.removexattr($0, $1, $2) }
+    return ops
+}
 
-    ops.`init` = { userdata, conn in
+/// The low-level callbacks, one per FUSE operation (the names are libfuse's):
+/// each copies what libfuse passes, calls the core, and replies.
+enum FUSEOperations {
+    static func initialize(_ userdata: UnsafeMutableRawPointer?, _ conn: UnsafeMutablePointer<fuse_conn_info>?) {
         guard let conn else { return }
         let wanted = UInt32(FUSE_CAP_SPLICE_WRITE | FUSE_CAP_ATOMIC_O_TRUNC
                             | FUSE_CAP_READDIRPLUS | FUSE_CAP_READDIRPLUS_AUTO | FUSE_CAP_PARALLEL_DIROPS
@@ -154,7 +192,7 @@ func makeOperations() -> fuse_lowlevel_ops {
         ctx.initialized.signal()
     }
 
-    ops.lookup = { req, parent, name in
+    static func lookup(_ req: fuse_req_t?, _ parent: fuse_ino_t, _ name: UnsafePointer<CChar>?) {
         let ctx = FUSEContext.from(req)
         let name = Convert.name(name)
         ReceiveBufferPages.smallRequest()
@@ -173,12 +211,12 @@ func makeOperations() -> fuse_lowlevel_ops {
         }
     }
 
-    ops.forget = { req, ino, count in
+    static func forget(_ req: fuse_req_t?, _ ino: fuse_ino_t, _ count: UInt64) {
         FUSEContext.from(req).fs.forget(ino: UInt64(ino), count: count)
         fuse_reply_none(req)
     }
 
-    ops.forget_multi = { req, count, forgets in
+    static func forgetMulti(_ req: fuse_req_t?, _ count: Int, _ forgets: UnsafeMutablePointer<fuse_forget_data>?) {
         let ctx = FUSEContext.from(req)
         if let forgets {
             for i in 0..<count { ctx.fs.forget(ino: UInt64(forgets[i].ino), count: forgets[i].nlookup) }
@@ -186,7 +224,7 @@ func makeOperations() -> fuse_lowlevel_ops {
         fuse_reply_none(req)
     }
 
-    ops.getattr = { req, ino, _ in
+    static func getattr(_ req: fuse_req_t?, _ ino: fuse_ino_t, _ _: UnsafeMutablePointer<fuse_file_info>?) {
         let ctx = FUSEContext.from(req)
         ReceiveBufferPages.smallRequest()
         ctx.serve(req, "getattr") {
@@ -195,7 +233,7 @@ func makeOperations() -> fuse_lowlevel_ops {
         }
     }
 
-    ops.setattr = { req, ino, attr, toSet, fi in
+    static func setattr(_ req: fuse_req_t?, _ ino: fuse_ino_t, _ attr: UnsafeMutablePointer<stat>?, _ toSet: Int32, _ fi: UnsafeMutablePointer<fuse_file_info>?) {
         let ctx = FUSEContext.from(req)
         let handle = fi.map { UInt64($0.pointee.fh) }
         var changes = AttributeChanges()
@@ -219,7 +257,7 @@ func makeOperations() -> fuse_lowlevel_ops {
         }
     }
 
-    ops.readlink = { req, ino in
+    static func readlink(_ req: fuse_req_t?, _ ino: fuse_ino_t) {
         let ctx = FUSEContext.from(req)
         ctx.serve(req, "readlink") {
             let target = try ctx.fs.readlink(ino: UInt64(ino))
@@ -227,7 +265,7 @@ func makeOperations() -> fuse_lowlevel_ops {
         }
     }
 
-    ops.mknod = { req, parent, name, mode, rdev in
+    static func mknod(_ req: fuse_req_t?, _ parent: fuse_ino_t, _ name: UnsafePointer<CChar>?, _ mode: mode_t, _ rdev: dev_t) {
         let ctx = FUSEContext.from(req)
         let name = Convert.name(name)
         if let replay = ctx.replaying(req) { return reply(req, ctx, "mknod") { try replay.made(parent: UInt64(parent), name: name) } }
@@ -238,7 +276,7 @@ func makeOperations() -> fuse_lowlevel_ops {
         }
     }
 
-    ops.mkdir = { req, parent, name, mode in
+    static func mkdir(_ req: fuse_req_t?, _ parent: fuse_ino_t, _ name: UnsafePointer<CChar>?, _ mode: mode_t) {
         let ctx = FUSEContext.from(req)
         let name = Convert.name(name)
         if let replay = ctx.replaying(req) { return reply(req, ctx, "mkdir") { try replay.made(parent: UInt64(parent), name: name) } }
@@ -249,7 +287,7 @@ func makeOperations() -> fuse_lowlevel_ops {
         }
     }
 
-    ops.unlink = { req, parent, name in
+    static func unlink(_ req: fuse_req_t?, _ parent: fuse_ino_t, _ name: UnsafePointer<CChar>?) {
         let ctx = FUSEContext.from(req)
         let name = Convert.name(name)
         // The replay's removal is already in the replica.
@@ -260,7 +298,7 @@ func makeOperations() -> fuse_lowlevel_ops {
         }
     }
 
-    ops.rmdir = { req, parent, name in
+    static func rmdir(_ req: fuse_req_t?, _ parent: fuse_ino_t, _ name: UnsafePointer<CChar>?) {
         let ctx = FUSEContext.from(req)
         let name = Convert.name(name)
         // The replay's removal is already in the replica.
@@ -271,7 +309,7 @@ func makeOperations() -> fuse_lowlevel_ops {
         }
     }
 
-    ops.symlink = { req, link, parent, name in
+    static func symlink(_ req: fuse_req_t?, _ link: UnsafePointer<CChar>?, _ parent: fuse_ino_t, _ name: UnsafePointer<CChar>?) {
         let ctx = FUSEContext.from(req)
         let target = Convert.string(link)
         let name = Convert.name(name)
@@ -283,7 +321,7 @@ func makeOperations() -> fuse_lowlevel_ops {
         }
     }
 
-    ops.rename = { req, parent, name, newParent, newName, flags in
+    static func rename(_ req: fuse_req_t?, _ parent: fuse_ino_t, _ name: UnsafePointer<CChar>?, _ newParent: fuse_ino_t, _ newName: UnsafePointer<CChar>?, _ flags: UInt32) {
         let ctx = FUSEContext.from(req)
         let name = Convert.name(name)
         let newName = Convert.name(newName)
@@ -295,7 +333,7 @@ func makeOperations() -> fuse_lowlevel_ops {
         }
     }
 
-    ops.link = { req, ino, newParent, newName in
+    static func link(_ req: fuse_req_t?, _ ino: fuse_ino_t, _ newParent: fuse_ino_t, _ newName: UnsafePointer<CChar>?) {
         let ctx = FUSEContext.from(req)
         let newName = Convert.name(newName)
         if let replay = ctx.replaying(req) { return reply(req, ctx, "link") { try replay.made(parent: UInt64(newParent), name: newName) } }
@@ -305,7 +343,7 @@ func makeOperations() -> fuse_lowlevel_ops {
         }
     }
 
-    ops.open = { req, ino, fi in
+    static func open(_ req: fuse_req_t?, _ ino: fuse_ino_t, _ fi: UnsafeMutablePointer<fuse_file_info>?) {
         let ctx = FUSEContext.from(req)
         ReceiveBufferPages.smallRequest()
         guard let fi else { fuse_reply_err(req, EINVAL); return }
@@ -330,7 +368,7 @@ func makeOperations() -> fuse_lowlevel_ops {
         }
     }
 
-    ops.create = { req, parent, name, mode, fi in
+    static func create(_ req: fuse_req_t?, _ parent: fuse_ino_t, _ name: UnsafePointer<CChar>?, _ mode: mode_t, _ fi: UnsafeMutablePointer<fuse_file_info>?) {
         let ctx = FUSEContext.from(req)
         guard let fi else { fuse_reply_err(req, EINVAL); return }
         let name = Convert.name(name)
@@ -350,7 +388,7 @@ func makeOperations() -> fuse_lowlevel_ops {
         }
     }
 
-    ops.read = { req, ino, size, offset, fi in
+    static func read(_ req: fuse_req_t?, _ ino: fuse_ino_t, _ size: Int, _ offset: off_t, _ fi: UnsafeMutablePointer<fuse_file_info>?) {
         let ctx = FUSEContext.from(req)
         ReceiveBufferPages.smallRequest()
         guard let fi else { fuse_reply_err(req, EBADF); return }
@@ -374,7 +412,7 @@ func makeOperations() -> fuse_lowlevel_ops {
         }
     }
 
-    ops.write = { req, _, buffer, size, offset, fi in
+    static func write(_ req: fuse_req_t?, _ _: fuse_ino_t, _ buffer: UnsafePointer<CChar>?, _ size: Int, _ offset: off_t, _ fi: UnsafeMutablePointer<fuse_file_info>?) {
         let ctx = FUSEContext.from(req)
         guard let fi, let buffer else { fuse_reply_err(req, EBADF); return }
         let handle = UInt64(fi.pointee.fh)
@@ -386,7 +424,7 @@ func makeOperations() -> fuse_lowlevel_ops {
         ReceiveBufferPages.written(UnsafeRawPointer(buffer), count: size)
     }
 
-    ops.flush = { req, _, fi in
+    static func flush(_ req: fuse_req_t?, _ _: fuse_ino_t, _ fi: UnsafeMutablePointer<fuse_file_info>?) {
         let ctx = FUSEContext.from(req)
         ReceiveBufferPages.smallRequest()
         guard let fi else { fuse_reply_err(req, EBADF); return }
@@ -398,7 +436,7 @@ func makeOperations() -> fuse_lowlevel_ops {
         }
     }
 
-    ops.release = { req, _, fi in
+    static func release(_ req: fuse_req_t?, _ _: fuse_ino_t, _ fi: UnsafeMutablePointer<fuse_file_info>?) {
         let ctx = FUSEContext.from(req)
         ReceiveBufferPages.smallRequest()
         guard let fi else { fuse_reply_err(req, EBADF); return }
@@ -410,7 +448,7 @@ func makeOperations() -> fuse_lowlevel_ops {
         }
     }
 
-    ops.fsync = { req, _, datasync, fi in
+    static func fsync(_ req: fuse_req_t?, _ _: fuse_ino_t, _ datasync: Int32, _ fi: UnsafeMutablePointer<fuse_file_info>?) {
         let ctx = FUSEContext.from(req)
         guard let fi else { fuse_reply_err(req, EBADF); return }
         let handle = UInt64(fi.pointee.fh)
@@ -421,7 +459,7 @@ func makeOperations() -> fuse_lowlevel_ops {
         }
     }
 
-    ops.fallocate = { req, _, mode, offset, length, fi in
+    static func fallocate(_ req: fuse_req_t?, _ _: fuse_ino_t, _ mode: Int32, _ offset: off_t, _ length: off_t, _ fi: UnsafeMutablePointer<fuse_file_info>?) {
         let ctx = FUSEContext.from(req)
         guard let fi else { fuse_reply_err(req, EBADF); return }
         let handle = UInt64(fi.pointee.fh)
@@ -432,7 +470,7 @@ func makeOperations() -> fuse_lowlevel_ops {
         }
     }
 
-    ops.opendir = { req, ino, fi in
+    static func opendir(_ req: fuse_req_t?, _ ino: fuse_ino_t, _ fi: UnsafeMutablePointer<fuse_file_info>?) {
         let ctx = FUSEContext.from(req)
         guard let fi else { fuse_reply_err(req, EINVAL); return }
         ctx.serve(req, "opendir") {
@@ -446,21 +484,21 @@ func makeOperations() -> fuse_lowlevel_ops {
         }
     }
 
-    ops.readdir = { req, _, size, offset, fi in
+    static func readdir(_ req: fuse_req_t?, _ _: fuse_ino_t, _ size: Int, _ offset: off_t, _ fi: UnsafeMutablePointer<fuse_file_info>?) {
         listDirectory(req, size: size, offset: offset, fi: fi, plus: false)
     }
 
-    ops.readdirplus = { req, _, size, offset, fi in
+    static func readdirplus(_ req: fuse_req_t?, _ _: fuse_ino_t, _ size: Int, _ offset: off_t, _ fi: UnsafeMutablePointer<fuse_file_info>?) {
         listDirectory(req, size: size, offset: offset, fi: fi, plus: true)
     }
 
-    ops.releasedir = { req, _, fi in
+    static func releasedir(_ req: fuse_req_t?, _ _: fuse_ino_t, _ fi: UnsafeMutablePointer<fuse_file_info>?) {
         let ctx = FUSEContext.from(req)
         if let fi { ctx.fs.releasedir(handle: UInt64(fi.pointee.fh)) }
         fuse_reply_err(req, 0)
     }
 
-    ops.fsyncdir = { req, _, _, fi in
+    static func fsyncdir(_ req: fuse_req_t?, _ _: fuse_ino_t, _ _: Int32, _ fi: UnsafeMutablePointer<fuse_file_info>?) {
         let ctx = FUSEContext.from(req)
         ctx.serve(req, "fsyncdir") {
             try ctx.fs.fsyncdir(handle: UInt64(fi?.pointee.fh ?? 0))
@@ -468,7 +506,7 @@ func makeOperations() -> fuse_lowlevel_ops {
         }
     }
 
-    ops.statfs = { req, _ in
+    static func statfs(_ req: fuse_req_t?, _ _: fuse_ino_t) {
         let ctx = FUSEContext.from(req)
         ctx.serve(req, "statfs") {
             let s = try ctx.fs.statfs()
@@ -486,7 +524,7 @@ func makeOperations() -> fuse_lowlevel_ops {
         }
     }
 
-    ops.setxattr = { req, ino, name, value, size, flags in
+    static func setxattr(_ req: fuse_req_t?, _ ino: fuse_ino_t, _ name: UnsafePointer<CChar>?, _ value: UnsafePointer<CChar>?, _ size: Int, _ flags: Int32) {
         let ctx = FUSEContext.from(req)
         let name = Convert.string(name)
         let data = value.map { Data(bytes: $0, count: size) } ?? Data()
@@ -496,7 +534,7 @@ func makeOperations() -> fuse_lowlevel_ops {
         }
     }
 
-    ops.getxattr = { req, ino, name, size in
+    static func getxattr(_ req: fuse_req_t?, _ ino: fuse_ino_t, _ name: UnsafePointer<CChar>?, _ size: Int) {
         let ctx = FUSEContext.from(req)
         let name = Convert.string(name)
         ctx.serve(req, "getxattr") {
@@ -504,7 +542,7 @@ func makeOperations() -> fuse_lowlevel_ops {
         }
     }
 
-    ops.listxattr = { req, ino, size in
+    static func listxattr(_ req: fuse_req_t?, _ ino: fuse_ino_t, _ size: Int) {
         let ctx = FUSEContext.from(req)
         ctx.serve(req, "listxattr") {
             var list = [UInt8]()
@@ -513,7 +551,7 @@ func makeOperations() -> fuse_lowlevel_ops {
         }
     }
 
-    ops.removexattr = { req, ino, name in
+    static func removexattr(_ req: fuse_req_t?, _ ino: fuse_ino_t, _ name: UnsafePointer<CChar>?) {
         let ctx = FUSEContext.from(req)
         let name = Convert.string(name)
         ctx.serve(req, "removexattr") {
@@ -521,8 +559,6 @@ func makeOperations() -> fuse_lowlevel_ops {
             fuse_reply_err(req, 0)
         }
     }
-
-    return ops
 }
 
 /// Answer an entry made by the event replay (`KernelEventReplay.made`).
