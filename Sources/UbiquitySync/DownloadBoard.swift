@@ -1,0 +1,174 @@
+import Foundation
+import Synchronization
+import UbiquityReplica
+import UbiquityStore
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// The state of every download of one container (`SyncEngine.downloads`):
+/// each job's chunks (queued, fetching, held, verified), its readers and
+/// streams, and the errors kept for `status`. The design of downloads is
+/// described once, in Downloads.swift; this is its bookkeeping, changed
+/// only under the pool's monitor (`DownloadPool`).
+final class DownloadBoard: @unchecked Sendable {
+    struct Job {
+        var hash: String?
+        var total: UInt64
+        /// Bytes verified so far (not necessarily a prefix).
+        var verified: UInt64 = 0
+        var done = false
+        var error: UbiquityError?
+        var lastProgress: Date = Date()
+
+        // Scheduling (guarded by the pool's monitor, like everything here).
+        /// Distinguishes this job from an earlier, failed one of the same version.
+        var id: UInt64 = 0
+        var ino: UInt64 = 0
+        var background = false
+        var partial = ""
+        /// Size of the partial file when the job started: chunks it covers are
+        /// read back and checked before they are fetched.
+        var present: UInt64 = 0
+        var chunked = false
+        var chunkSize: UInt64 = 1
+        /// The blobs, one per chunk (nil until the manifest of chunked content is in).
+        var chunks: [String]?
+        var state: [ChunkState] = []
+        var remaining = 0
+        var inFlight = 0
+        var manifestInFlight = false
+        var installing = false
+        /// Chunks readers wait for, oldest first.
+        var urgent: [Int] = []
+        /// A reader waits for the manifest (and then for these ranges).
+        var readerWaiting = false
+        var waitingRanges: [(from: UInt64, upTo: UInt64)] = []
+        /// The sequential read-ahead goes on from here.
+        var cursor = 0
+        /// Chunks held in memory for streaming readers (state `.held`).
+        var held: [Int: HeldChunk] = [:]
+        /// Chunks let go of since the last time nothing was held for readers (state `.passed`).
+        var passed = 0
+        /// Someone waits for the whole file in the cache: nothing more is
+        /// held, and an eviction while a stream read it no longer counts.
+        var keep = false { didSet { if keep { evicted = false } } }
+        /// Evicted while a reader streams it: stopped when the last stream closes.
+        var evicted = false
+        /// When a streaming reader was last served from memory.
+        var lastServed = Date()
+        /// Among the downloads the pool looks at (`DownloadPool.active`), not
+        /// only queued behind others (`DownloadPool.queued`).
+        var scheduled = false
+
+        /// Put the missing chunks of a short range (a `read`) first in the
+        /// queue, and the read-ahead after them.
+        mutating func ask(from: UInt64, upTo: UInt64) {
+            guard let chunks, !chunks.isEmpty, upTo > from else { return }
+            let first = Int(from / chunkSize), last = min(chunks.count - 1, Int((upTo - 1) / chunkSize))
+            guard first <= last, last - first < 2 else { return }
+            let wanted = (first...last).filter { (state[$0] == .missing || state[$0] == .passed) && !urgent.contains($0) }
+            guard !wanted.isEmpty else { return }
+            urgent += wanted
+            cursor = last + 1
+        }
+
+        /// Chunk `index` (`count` bytes) is verified in the partial file.
+        mutating func verify(_ index: Int, count: Int) {
+            state[index] = .verified
+            verified += UInt64(count)
+            remaining -= 1
+            lastProgress = Date()
+        }
+
+        /// Held chunk `index` is let go of, to be fetched again later (the
+        /// caller holds the pool's monitor).
+        mutating func letGo(_ index: Int) {
+            held.removeValue(forKey: index)?.release()
+            state[index] = .passed
+            passed += 1
+            DownloadPool.shared.heldChunks -= 1
+        }
+
+        /// Whether bytes `from..<upTo` are verified in the cache file (or,
+        /// `inMemory`, held).
+        func isReady(from: UInt64, upTo: UInt64, inMemory: Bool) -> Bool {
+            if done { return true }
+            guard chunks != nil, upTo > from else { return upTo <= from }
+            let first = Int(from / chunkSize), last = Int((upTo - 1) / chunkSize)
+            guard last < state.count else { return false }
+            return (first...last).allSatisfy { state[$0] == .verified || (inMemory && state[$0] == .held) }
+        }
+    }
+
+    /// `held`: verified, in memory only; `passed`: was held and let go of,
+    /// fetched again once no stream holds chunks.
+    enum ChunkState: UInt8 { case missing, fetching, held, passed, verified }
+
+    /// A chunk held in memory (guarded by the pool's monitor). Its buffer
+    /// goes back once the download let go of it and no reader is served
+    /// from it.
+    final class HeldChunk: @unchecked Sendable {
+        let buffer: UnsafeMutableRawPointer
+        let count: Int
+        /// Readers being served from it now.
+        var pins = 0
+        /// Bytes served to readers so far.
+        var served = 0
+        var letGo = false
+
+        init(buffer: UnsafeMutableRawPointer, count: Int) {
+            self.buffer = buffer
+            self.count = count
+        }
+
+        /// The download is done with it (the caller holds the monitor).
+        func release() {
+            letGo = true
+            if pins == 0 { ChunkBuffer.give(buffer) }
+        }
+    }
+
+    /// Guards `jobs`; readers wait on it for progress (the pool's one mutex).
+    var monitor: DownloadPool.Monitor { DownloadPool.shared.monitor }
+    /// One job per version of a file: a reader waits for the version it opened.
+    var jobs: [JobKey: Job] = [:]
+    /// Streaming readers open, per version (`beginStream`).
+    var streams: [JobKey: Int] = [:]
+    /// Jobs looked at to start and schedule downloads (guarded by the
+    /// monitor): tests count the work that starting N downloads costs.
+    var examined = 0
+    /// Downloads that finished, in the order they did, from `finishedHead`
+    /// on: a start forgets the ones done for ten minutes from the front,
+    /// without walking every job (that cost N²/2 for N starts).
+    var finished: [(key: JobKey, id: UInt64)] = []
+    var finishedHead = 0
+
+    /// Forget downloads that finished before `stale` (the caller holds the monitor).
+    func forgetFinished(before stale: Date) {
+        while finishedHead < finished.count {
+            let (key, id) = finished[finishedHead]
+            examined += 1
+            if let job = jobs[key], job.id == id, job.done {
+                guard job.lastProgress <= stale else { break }
+                jobs[key] = nil
+            }
+            finishedHead += 1
+        }
+        if finishedHead >= 64 && finishedHead * 2 >= finished.count {
+            finished.removeFirst(finishedHead)
+            finishedHead = 0
+        }
+    }
+
+    struct JobKey: Hashable {
+        var ino: UInt64
+        var hash: String?
+    }
+
+    func withJobs<T>(_ body: (inout [JobKey: Job]) -> T) -> T {
+        monitor.lock()
+        defer { monitor.unlock() }
+        return body(&jobs)
+    }
+}
