@@ -51,15 +51,15 @@ let package = Package(
             swiftSettings: swiftSettings),
         .target(
             name: "UbiquityReplica",
-            dependencies: ["UbiquityStore", "UbiquityLocator", .product(name: "GRDB", package: "GRDB.swift")],
+            dependencies: ["UbiquityStore", "UbiquityLocks", "UbiquityLocator", .product(name: "GRDB", package: "GRDB.swift")],
             swiftSettings: swiftSettings),
         .target(
             name: "UbiquitySync",
-            dependencies: ["UbiquityStore", "UbiquityReplica", "UbiquityProtocol", .product(name: "Logging", package: "swift-log"), .product(name: "GRDB", package: "GRDB.swift")],
+            dependencies: ["UbiquityStore", "UbiquityLocks", "UbiquityReplica", "UbiquityProtocol", .product(name: "Logging", package: "swift-log"), .product(name: "GRDB", package: "GRDB.swift")],
             swiftSettings: swiftSettings),
         .target(
             name: "UbiquityFS",
-            dependencies: ["UbiquityReplica", "UbiquitySync", .product(name: "Logging", package: "swift-log")],
+            dependencies: ["UbiquityStore", "UbiquityLocks", "UbiquityReplica", .product(name: "Logging", package: "swift-log")],
             swiftSettings: swiftSettings),
         .target(
             name: "UbiquityControl",
@@ -67,7 +67,8 @@ let package = Package(
             swiftSettings: swiftSettings),
         .target(
             name: "UbiquityFUSE",
-            dependencies: ["CFuse3", "CFuseWire", "UbiquityFS", "UbiquityLocator", .product(name: "Logging", package: "swift-log")],
+            dependencies: ["CFuse3", "CFuseWire", "UbiquityFS", "UbiquityReplica", "UbiquityStore", "UbiquityLocks", "UbiquityLocator",
+                           .product(name: "Logging", package: "swift-log")],
             swiftSettings: swiftSettings),
         .target(name: "UbiquityProtocol", swiftSettings: swiftSettings),
         // Talks to the daemon only through UbiquityProtocol: no libfuse, SQLite or daemon code.
@@ -76,6 +77,7 @@ let package = Package(
             name: "UbiquityDaemon",
             dependencies: [
                 "UbiquityProtocol", "UbiquityFUSE", "UbiquityFS", "UbiquitySync", "UbiquityReplica", "UbiquityStore", "UbiquityControl", "UbiquityS3",
+                "UbiquityLocks", "UbiquityLocator",
                 .product(name: "Logging", package: "swift-log"),
             ],
             swiftSettings: swiftSettings),

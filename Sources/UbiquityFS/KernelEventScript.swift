@@ -1,6 +1,5 @@
 import UbiquityReplica
 import UbiquityStore
-import UbiquitySync
 #if canImport(Glibc)
 import Glibc
 #endif

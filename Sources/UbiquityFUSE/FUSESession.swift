@@ -6,7 +6,7 @@ import UbiquityLocks
 import UbiquityFS
 import UbiquityLocator
 import UbiquityStore
-import UbiquitySync
+import UbiquityReplica
 
 /// A libfuse low-level session serving one `MountedFileSystem` at a mountpoint.
 ///

@@ -650,3 +650,6 @@ public struct SyncStatus: Sendable, Codable {
         public var message: String
     }
 }
+
+/// The engine is what the filesystem calls into (`SyncHooks`).
+extension SyncEngine: SyncHooks {}

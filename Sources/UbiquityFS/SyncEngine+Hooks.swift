@@ -1,2 +1,0 @@
-import UbiquitySync
-extension SyncEngine: SyncHooks {}
