@@ -111,6 +111,7 @@ final class ContainerHost: @unchecked Sendable, ReplicaObserver {
     func view(_ scope: Scope, folderLevels: ContainerConfig.FolderLevels) throws -> FileSystem {
         var options = FileSystemOptions()
         options.soleView = { [weak self] in !(self?.isShared ?? false) }
+        options.beforeLongWait = FUSESession.beforeLongWait
         switch scope {
         case .all:
             break

@@ -164,7 +164,7 @@ extension FileSystem {
                 } else if flags & O_TRUNC != 0 {
                     try truncate(ino: ino, size: 0, handle: nil)
                 } else {
-                    try hooks.download(ino: ino)
+                    try hooks.download(ino: ino, beforeWaiting: options.beforeLongWait)
                 }
                 lostRace = false
                 continue
@@ -394,7 +394,8 @@ extension FileSystem {
         let end = min(total, UInt64(offset) + UInt64(size))
         var held: [PinnedBytes] = []
         if UInt64(offset) < total {
-            held = try hooks.waitToRead(ino: file.ino, version: file.streamingVersion, from: UInt64(offset), upTo: end)
+            held = try hooks.waitToRead(ino: file.ino, version: file.streamingVersion, from: UInt64(offset), upTo: end,
+                                        beforeWaiting: options.beforeLongWait)
         }
         let passed = handles.withLock { $0.files[handle]?.run.read(offset: offset, size: size) }
         if held.isEmpty { return .fileRange(fd: file.fd, offset: offset, size: size, passed: passed) }

@@ -311,7 +311,7 @@ public final class FileSystem: Sendable {
                         ns.updateRuntime(ino) { $0.contentEpoch &+= 1 }
                     }
                 } else {
-                    try hooks.download(ino: ino)
+                    try hooks.download(ino: ino, beforeWaiting: options.beforeLongWait)
                 }
                 continue
             }

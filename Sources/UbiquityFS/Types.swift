@@ -183,6 +183,10 @@ public struct FileSystemOptions: Sendable {
     /// lets an open keep the kernel's page cache is the replica's, so with
     /// several mounts (several kernel caches) no open keeps it.
     public var soleView: @Sendable () -> Bool = { true }
+    /// Called on a thread about to wait for a download: a FUSE worker that
+    /// reads the mount's requests hands the reading to another first
+    /// (`FUSESession.beforeLongWait`), so the mount goes on answering.
+    public var beforeLongWait: @Sendable () -> Void = {}
     public init() {}
 }
 

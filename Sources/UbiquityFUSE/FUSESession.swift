@@ -224,19 +224,23 @@ public final class FUSESession: @unchecked Sendable {
         return value
     }
 
+    /// For `FileSystemOptions.beforeLongWait`: if the calling thread is the
+    /// loop's reader, another worker takes over reading the requests
+    /// before it waits (`CFuseWire/fuseloop.h`); on any other thread, nothing.
+    public static let beforeLongWait: @Sendable () -> Void = { ubq_loop_may_block() }
+
     /// Serve requests until unmounted or stopped. Returns 0 or the -errno
     /// that ended the session.
     ///
     /// The loop is CFuseWire's (`fuseloop.h`): the worker that answered a
     /// request reads the next one, and hands the reading over before it
-    /// waits (`LongWait`); at most `threads` workers. libfuse's own loop
+    /// waits (`beforeLongWait`); at most `threads` workers. libfuse's own loop
     /// woke a different worker for every request.
     public func run(threads: Int = 16) -> Int32 {
         // The loop runs outside the lock; `close` (which destroys the session)
         // is only called after `run` returned.
         guard let se = readState({ $0.session }) else { return -1 }
         _ = ubq_install_wake_signal(Self.wakeSignal)
-        LongWait.install { ubq_loop_may_block() }
         loop.withLock { $0.thread = pthread_self() }
         let status = ubq_session_loop(se, UInt32(threads), Self.wakeSignal)
         loop.withLock { $0.ended = true }

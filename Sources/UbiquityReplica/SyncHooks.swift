@@ -16,9 +16,10 @@ public protocol SyncHooks: Sendable {
     /// downloaded and verified, or throw `EIO`; the chunks of a short range
     /// are fetched before any other. The parts held in memory for streaming
     /// readers are returned, pinned (none: all in the file being downloaded).
-    func waitToRead(ino: UInt64, version: String?, from: UInt64, upTo: UInt64) throws -> [PinnedBytes]
+    /// `beforeWaiting` runs once, before the first wait.
+    func waitToRead(ino: UInt64, version: String?, from: UInt64, upTo: UInt64, beforeWaiting: () -> Void) throws -> [PinnedBytes]
     /// Download all of `ino` and wait for it, or throw `EIO`.
-    func download(ino: UInt64) throws
+    func download(ino: UInt64, beforeWaiting: () -> Void) throws
     /// The value of a read-only `user.ubiquity.*` status attribute, or nil.
     func statusAttribute(ino: UInt64, name: String) -> Data?
 }

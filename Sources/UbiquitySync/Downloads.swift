@@ -228,23 +228,24 @@ extension SyncEngine {
     /// Wait until the download of version `version` of `ino` (`size`
     /// bytes) is over: installed in place of the placeholder, or dropped
     /// because a newer version arrived meanwhile (the caller looks again).
-    public func waitUntilDownloaded(ino: UInt64, version: String?, size: UInt64) throws {
-        _ = try waitFor(ino: ino, version: version, from: 0, upTo: size, goal: .installed)
+    public func waitUntilDownloaded(ino: UInt64, version: String?, size: UInt64, beforeWaiting: () -> Void = {}) throws {
+        _ = try waitFor(ino: ino, version: version, from: 0, upTo: size, goal: .installed, beforeWaiting: beforeWaiting)
     }
 
     /// Wait until a streaming reader can read bytes `from..<upTo` of
     /// version `version` of `ino`: the parts held in memory are returned,
     /// pinned (in order; nothing returned means all in the cache file). The
     /// chunks of the range nobody fetches yet are put first in the queue.
-    public func waitToRead(ino: UInt64, version: String?, from: UInt64, upTo: UInt64) throws -> [PinnedBytes] {
-        try waitFor(ino: ino, version: version, from: from, upTo: upTo, goal: .readable)
+    public func waitToRead(ino: UInt64, version: String?, from: UInt64, upTo: UInt64, beforeWaiting: () -> Void) throws -> [PinnedBytes] {
+        try waitFor(ino: ino, version: version, from: from, upTo: upTo, goal: .readable, beforeWaiting: beforeWaiting)
     }
 
     /// What a waiter waits for: the range readable (from memory or the
     /// cache file), or the whole download over (installed or dropped).
     private enum WaitGoal { case readable, installed }
 
-    private func waitFor(ino: UInt64, version: String?, from: UInt64, upTo: UInt64, goal: WaitGoal) throws -> [PinnedBytes] {
+    private func waitFor(ino: UInt64, version: String?, from: UInt64, upTo: UInt64, goal: WaitGoal,
+                         beforeWaiting: () -> Void) throws -> [PinnedBytes] {
         let toRead = goal == .readable
         let pool = DownloadPool.shared
         let key = DownloadBoard.JobKey(ino: ino, hash: version)
@@ -281,7 +282,7 @@ extension SyncEngine {
             }
             if !waited {
                 waited = true
-                LongWait.begins()   // a FUSE worker: the mount goes on answering meanwhile
+                beforeWaiting()   // a FUSE worker: the mount goes on answering meanwhile
             }
             let last = max(job.lastProgress, pool.lastProgress)
             if Date().timeIntervalSince(last) > Self.stallTimeout {
@@ -333,10 +334,10 @@ extension SyncEngine {
     /// Download all of `ino` and wait until the download is over (before
     /// writing to a placeholder). The content may be a placeholder again by
     /// then (a newer version arrived): the caller looks again.
-    public func download(ino: UInt64) throws {
+    public func download(ino: UInt64, beforeWaiting: () -> Void = {}) throws {
         guard let node = replica.withNamespace({ ns in ns.node(ino) }), node.isPlaceholder else { return }
         startDownload(ino: ino, keep: true)
-        try waitUntilDownloaded(ino: ino, version: node.hash, size: node.hashSize)
+        try waitUntilDownloaded(ino: ino, version: node.hash, size: node.hashSize, beforeWaiting: beforeWaiting)
     }
 
     /// Downloads under way: (items, bytes still to fetch).
