@@ -115,7 +115,7 @@ let package = Package(
             swiftSettings: swiftSettings),
         .testTarget(
             name: "UbiquityS3Tests",
-            dependencies: ["UbiquityS3", "UbiquityStore"],
+            dependencies: ["UbiquityS3", "UbiquityStore", "UbiquityTesting"],
             swiftSettings: swiftSettings),
         .testTarget(
             name: "UbiquityDaemonTests",

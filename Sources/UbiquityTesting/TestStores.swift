@@ -15,7 +15,7 @@ public final class InMemoryStore: Store {
         var blobs: [String: Data] = [:]
         var blobDates: [String: Date] = [:]
         var collectorState: Data?
-        var journalBases: [String: UInt64] = [:]
+        var journalBases: [String: Data] = [:]
     }
 
     /// The store's clock (`Date()` unless a test moves it).
@@ -115,6 +115,33 @@ public final class InMemoryStore: Store {
         }
     }
 
+    /// Test helper: write `data` at a store key as the folder store lays
+    /// them out (`containers/ID/journal/SEQ`, `…/snapshots/SEQ`,
+    /// `…/journal-base`, `blobs/AB/HASH`), unchecked: damage for the store
+    /// conformance tests. False for a key this store keeps as values, not
+    /// bytes (a container's configuration).
+    public func writeRaw(_ key: String, _ data: Data) -> Bool {
+        let parts = key.split(separator: "/").map(String.init)
+        return state.withLock { s in
+            switch (parts.first, parts.count) {
+            case ("blobs", 3):
+                s.blobs[parts[2]] = data
+            case ("containers", 3) where parts[2] == "journal-base":
+                s.journalBases[parts[1]] = data
+            case ("containers", 4):
+                guard let seq = UInt64(parts[3]) else { return false }
+                switch parts[2] {
+                case "journal": s.journals[parts[1], default: [:]][seq] = data
+                case "snapshots": s.snapshots[parts[1], default: [:]][seq] = data
+                default: return false
+                }
+            default:
+                return false
+            }
+            return true
+        }
+    }
+
     /// Test helper: the highest journal record number of `container` (0: none).
     public func journalHead(container: String) -> UInt64 {
         state.withLock { $0.journals[container]?.keys.max() ?? 0 }
@@ -169,8 +196,14 @@ public final class InMemoryStore: Store {
     public func setCollectorState(_ data: Data) throws { state.withLock { $0.collectorState = data } }
 
     public var compactsJournal: Bool { true }
-    public func journalBase(container: String) throws -> UInt64 { state.withLock { $0.journalBases[container] ?? 0 } }
-    public func setJournalBase(container: String, _ base: UInt64) throws { state.withLock { $0.journalBases[container] = base } }
+    public func journalBase(container: String) throws -> UInt64 {
+        guard let data = state.withLock({ $0.journalBases[container] }) else { return 0 }
+        return try JournalBaseFormat.decode(data, at: "containers/\(container)/journal-base")
+    }
+    public func setJournalBase(container: String, _ base: UInt64) throws {
+        let data = try JournalBaseFormat.encode(base)
+        state.withLock { $0.journalBases[container] = data }
+    }
     public func removeRecord(container: String, seq: UInt64) throws { _ = state.withLock { $0.journals[container]?.removeValue(forKey: seq) } }
     public func removeSnapshot(container: String, seq: UInt64) throws { _ = state.withLock { $0.snapshots[container]?.removeValue(forKey: seq) } }
 
