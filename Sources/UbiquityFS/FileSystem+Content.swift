@@ -191,7 +191,7 @@ extension FileSystem {
     func openLocal(_ node: LocalNode, flags: Int32, backing: (any BackingFiles)?) throws -> OpenReply? {
         let ino = node.ino
         let writable = flags & O_ACCMODE != O_RDONLY
-        let fd = Glibc.open(replica.cachePath(ino), (writable ? O_RDWR : O_RDONLY) | O_CLOEXEC)
+        let fd = Glibc.open(replica.cache.path(ino), (writable ? O_RDWR : O_RDONLY) | O_CLOEXEC)
         guard fd >= 0 else {
             let code = errno
             if code == ENOENT {
@@ -244,7 +244,7 @@ extension FileSystem {
                 return ino
             }
         }
-        SiblingPrefetch.prefetch(inos.map { replica.cachePath($0) })
+        SiblingPrefetch.prefetch(inos.map { replica.cache.path($0) })
     }
 
     /// Open a placeholder for reading while it downloads. Nil if the
@@ -501,7 +501,7 @@ extension FileSystem {
             return ns.dropIfUnreferenced(file.ino)
         }
         if let unregister { file.backing?.unregister(unregister) }
-        if dropped { replica.removeCacheFile(file.ino) }
+        if dropped { replica.cache.retire(file.ino) }
         if file.writable { try commit() }
     }
 
@@ -680,7 +680,7 @@ extension FileSystem {
     /// Space is the space of the disk holding the replica's cache.
     public func statfs() throws -> FilesystemStatistics {
         var st = statvfs()
-        try syscallRetrying("statvfs") { statvfs(replica.cacheDirectory.path, &st) }
+        try syscallRetrying("statvfs") { statvfs(replica.cache.directory.path, &st) }
         let count = replica.withNamespace { ns in UInt64(ns.nodes.count) }
         let filesFree = max(UInt64(st.f_ffree), 1_000_000)
         return FilesystemStatistics(blockSize: UInt64(st.f_bsize), blocks: UInt64(st.f_blocks),

@@ -200,14 +200,14 @@ public final class FileSystem: Sendable {
     public func forget(ino: UInt64, count: UInt64) {
         let ino = view.swap(ino)
         let dropped = replica.withNamespace { ns in kernel.forget(ino, count: count, in: &ns) }
-        if dropped { replica.removeCacheFile(ino) }
+        if dropped { replica.cache.retire(ino) }
     }
 
     /// The mount's session ended: give back what its kernel still held (see
     /// `KernelReferences`). Nothing may reach this view afterwards.
     public func releaseKernelReferences() -> KernelRelease {
         let (dropped, held, excess) = replica.withNamespace { ns in kernel.releaseAll(in: &ns) }
-        for ino in dropped { replica.removeCacheFile(ino) }
+        for ino in dropped { replica.cache.retire(ino) }
         return KernelRelease(held: held, dropped: dropped.count, excessForgets: excess)
     }
 
@@ -303,7 +303,7 @@ public final class FileSystem: Sendable {
             if node.isPlaceholder {
                 if size == 0 {
                     // Nothing of the old content survives: no need to fetch it.
-                    close(try replica.createCacheFile(ino))
+                    close(try replica.cache.create(ino))
                     replica.withNamespace { ns in
                         // (A download that finished meanwhile is truncated below all the same.)
                         guard ns.node(ino)?.isPlaceholder == true else { return }
@@ -324,7 +324,7 @@ public final class FileSystem: Sendable {
             guard registered else { continue }
             do {
                 try commit(use, notify: false)
-                try syscallRetrying("truncate") { Glibc.truncate(replica.cachePath(ino), off_t(size)) }
+                try syscallRetrying("truncate") { Glibc.truncate(replica.cache.path(ino), off_t(size)) }
             } catch {
                 replica.withNamespace { ns in writerLeft(ino, in: &ns) }
                 throw error
@@ -364,7 +364,7 @@ public final class FileSystem: Sendable {
         var fd: Int32?
         if kind == .file {
             let ino = replica.withNamespace { ns in ns.reserveIno() }
-            fd = try replica.createCacheFile(ino)
+            fd = try replica.cache.create(ino)
             reserved = ino
         }
         let node: LocalNode
@@ -391,7 +391,7 @@ public final class FileSystem: Sendable {
         } catch {
             if let fd, let reserved {
                 close(fd)
-                replica.removeCacheFile(reserved)
+                replica.cache.retire(reserved)
             }
             throw error
         }
@@ -483,7 +483,7 @@ public final class FileSystem: Sendable {
             ns.update(parent) { $0.mtime = now; $0.ctime = now }
             return ns.dropIfUnreferenced(ino) ? ino : nil
         }
-        if let dropped { replica.removeCacheFile(dropped) }
+        if let dropped { replica.cache.retire(dropped) }
     }
 
     public func rename(parent: UInt64, name: FileName, newParent: UInt64, newName: FileName, flags: RenameFlags) throws {
@@ -538,7 +538,7 @@ public final class FileSystem: Sendable {
             if let replaced, ns.dropIfUnreferenced(replaced) { return replaced }
             return nil
         }
-        if let dropped { replica.removeCacheFile(dropped) }
+        if let dropped { replica.cache.retire(dropped) }
     }
 
     /// Whether `ancestor` is `ino` or one of its ancestors (directories have one entry).

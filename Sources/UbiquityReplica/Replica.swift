@@ -30,16 +30,15 @@ import Glibc
 ///
 /// Lock order (outermost first): `Replica.synced` → `Replica.writer` →
 /// `Replica.namespace` → `SpaceReserve.state` → `IndexApplier.condition`;
-/// `createdInBuckets` is a leaf. `writer` serializes
+/// `ContentCache.createdInBuckets` is a leaf. `writer` serializes
 /// appends to the operation log. `namespace` is
 /// held for in-memory work and, in a transaction, for its one index write
 /// (and, on a full disk, the reserve's one system call) — never across
 /// content I/O, a store call or a FUSE reply.
 public final class Replica: Sendable {
     public let directory: URL
-    public let cacheDirectory: URL
-    /// `cacheDirectory.path`, computed once (every open builds a cache path).
-    let cacheDirectoryPath: String
+    /// The files holding content (`ContentCache`).
+    public let cache: ContentCache
     let index: Index
     let log: OperationLog
     let applier: IndexApplier
@@ -51,13 +50,9 @@ public final class Replica: Sendable {
     /// The last operation log record `makeDurable` synced; held across the
     /// flush (see there).
     let synced = Lock<UInt64>(0)
-    /// Cache folders (`bucket` numbers) in which a cache file was created
-    /// or installed since the last `makeDurable` (a leaf lock).
-    let createdInBuckets = Lock<Set<UInt64>>([])
     let lockFD: Int32
     let lockReleased = Lock(false)
     let reserve: SpaceReserve
-    let spares: SpareCacheFiles
     /// Past this size the operation log's current segment is emptied or rotated.
     let logSegmentSize: Int
     /// Content I/O of the programs using the mount, which pushing gives way to.
@@ -76,8 +71,6 @@ public final class Replica: Sendable {
                 sparesAhead: Int = 0) throws {
         self.directory = directory
         self.logSegmentSize = logSegmentSize
-        cacheDirectory = directory.appendingPathComponent("cache")
-        cacheDirectoryPath = cacheDirectory.path
         let fm = FileManager.default
         do {
             try fm.createDirectory(at: directory, withIntermediateDirectories: true)
@@ -99,10 +92,7 @@ public final class Replica: Sendable {
         ftruncate(lockFD, 0)
         _ = pid.withCString { pwrite(lockFD, $0, strlen($0), 0) }
 
-        try? fm.createDirectory(at: cacheDirectory, withIntermediateDirectories: true)
-        Self.makePrivate(cacheDirectory.path, mode: 0o700)
-        spares = SpareCacheFiles(directoryPath: directory.appendingPathComponent("spare").path, ahead: sparesAhead)
-        spares.fillAhead()
+        cache = ContentCache(replicaDirectory: directory, sparesAhead: sparesAhead)
 
         do {
             reserve = try SpaceReserve(path: directory.appendingPathComponent("reserve").path)
@@ -113,8 +103,8 @@ public final class Replica: Sendable {
             Self.makePrivate(log.path, mode: 0o600)
             replayedRecords = try Self.replay(log, into: index, reserve: reserve)
             var ns = try index.load()
-            Self.recover(&ns, cacheDirectory: cacheDirectory, rootOwner: rootOwner, spares: spares)
-            Self.removeOrphanedCacheFiles(ns, cacheDirectory: cacheDirectory)
+            Self.recover(&ns, cache: cache, rootOwner: rootOwner)
+            cache.removeOrphans(ns)
             namespace = Lock(ns)
         } catch {
             close(lockFD)
@@ -201,16 +191,11 @@ public final class Replica: Sendable {
     public func makeDurable() throws {
         let target = writer.withLock { _ in log.lastSeq }
         try synced.withLock { syncedSeq in
-            guard syncedSeq < target || !createdInBuckets.withLock({ $0.isEmpty }) else { return }
+            guard syncedSeq < target || cache.hasCreatedBuckets else { return }
             let (upTo, fd) = writer.withLock { _ in (log.lastSeq, dup(log.fd)) }
             guard fd >= 0 else { throw UbiquityError.posix("duplicate the operation log's descriptor") }
             defer { close(fd) }
-            let buckets = createdInBuckets.withLock { buckets in
-                defer { buckets.removeAll() }
-                return buckets
-            }
-            for bucket in buckets {
-                let path = Self.bucketPath(cacheDirectoryPath, bucket)
+            for path in cache.takeCreatedBuckets() {
                 let dir = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
                 guard dir >= 0 else { continue }   // removed meanwhile: nothing in it to keep
                 defer { close(dir) }
@@ -267,8 +252,7 @@ public final class Replica: Sendable {
     }
 
     /// Bring a freshly loaded namespace to a consistent state after a crash.
-    static func recover(_ ns: inout Namespace, cacheDirectory: URL, rootOwner: (uid: UInt32, gid: UInt32),
-                        spares: SpareCacheFiles) {
+    static func recover(_ ns: inout Namespace, cache: ContentCache, rootOwner: (uid: UInt32, gid: UInt32)) {
         if ns.node(Namespace.rootIno) == nil {
             var root = LocalNode(ino: Namespace.rootIno, id: .root, kind: .directory, mode: 0o755,
                                  uid: rootOwner.uid, gid: rootOwner.gid, time: .now())
@@ -289,7 +273,7 @@ public final class Replica: Sendable {
             // the index holds.
             if node.kind == .file, node.hasContent, node.hasUnpushedContent {
                 var st = stat()
-                if stat(cachePath(cacheDirectory, ino), &st) == 0 {
+                if stat(cache.path(ino), &st) == 0 {
                     let modified = Timespec(sec: Int64(st.st_mtim.tv_sec), nsec: Int64(st.st_mtim.tv_nsec))
                     if UInt64(st.st_size) != node.size || modified > node.ctime {
                         written.append((ino, UInt64(st.st_size), max(modified, node.mtime)))
@@ -309,26 +293,7 @@ public final class Replica: Sendable {
         }
         for ino in unlinked {
             ns.modifyNode(ino) { $0.unlinked = true }
-            if ns.dropIfUnreferenced(ino) { spares.retire(cachePath(cacheDirectory, ino)) }
-        }
-    }
-
-    /// Delete cache files no node owns (a file created but never closed
-    /// before a crash; content of nodes deleted meanwhile). Partial downloads
-    /// of placeholders stay: they resume.
-    static func removeOrphanedCacheFiles(_ ns: Namespace, cacheDirectory: URL) {
-        let fm = FileManager.default
-        guard let buckets = try? fm.contentsOfDirectory(atPath: cacheDirectory.path) else { return }
-        for bucket in buckets {
-            let dir = cacheDirectory.path + "/" + bucket
-            guard let names = try? fm.contentsOfDirectory(atPath: dir) else { continue }
-            for name in names {
-                let isPartial = name.hasSuffix(".part")
-                guard let ino = UInt64(isPartial ? String(name.prefix { $0 != "." }) : name) else { continue }
-                let node = ns.node(ino)
-                let owned = isPartial ? node?.isPlaceholder == true : (node?.kind == .file && node?.hasContent == true)
-                if !owned { unlink(dir + "/" + name) }
-            }
+            if ns.dropIfUnreferenced(ino) { cache.retire(ino) }
         }
     }
 
@@ -431,79 +396,4 @@ public final class Replica: Sendable {
             }
         }
     }
-
-
-    // MARK: Content cache
-
-    /// `cache/BUCKET/INO`, a bucket per 4096 consecutive inode numbers: files
-    /// created together share a directory (ext4 allocates their inodes close
-    /// together, which matters when creating thousands of small files), and no
-    /// directory grows past 4096 entries.
-    static func cachePath(_ cacheDirectory: URL, _ ino: UInt64) -> String {
-        cachePath(cacheDirectory.path, ino)
-    }
-
-    static func cachePath(_ cacheDirectoryPath: String, _ ino: UInt64) -> String {
-        bucketPath(cacheDirectoryPath, bucket(ino)) + "/" + String(ino)
-    }
-
-    static func bucket(_ ino: UInt64) -> UInt64 { ino >> 12 }
-
-    static func bucketPath(_ cacheDirectoryPath: String, _ bucket: UInt64) -> String {
-        cacheDirectoryPath + "/" + String(bucket, radix: 16)
-    }
-
-    /// The cache file holding the content of `ino`.
-    public func cachePath(_ ino: UInt64) -> String { Self.cachePath(cacheDirectoryPath, ino) }
-
-    /// Create (or truncate) the cache file of `ino`, open for reading and
-    /// writing: a spare moved into place when there is one.
-    public func createCacheFile(_ ino: UInt64) throws -> Int32 {
-        let path = cachePath(ino)
-        createdInBuckets.withLock { _ = $0.insert(Self.bucket(ino)) }
-        if spares.take(to: path) {
-            // Empty already: no O_TRUNC, which would mark it to be flushed at close (see `SpareCacheFiles`).
-            let fd = open(path, O_RDWR | O_CLOEXEC)
-            if fd >= 0 { return fd }
-        }
-        var fd = open(path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
-        if fd < 0 && errno == ENOENT {
-            makeBucket(of: path)
-            fd = open(path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0o600)
-        }
-        guard fd >= 0 else {
-            let code = errno
-            throw UbiquityError(code == ENOSPC || code == EDQUOT ? code : EIO,
-                                "create cache file \(path): \(String(cString: strerror(code)))")
-        }
-        return fd
-    }
-
-    /// Make the cache folder `path` goes in, and sync the name of the
-    /// folder (`makeDurable` syncs what is put in it; a new folder is rare:
-    /// one per 4,096 inode numbers).
-    func makeBucket(of path: String) {
-        let bucket = (path as NSString).deletingLastPathComponent
-        if mkdir(bucket, 0o700) == 0 { OperationLog.syncDirectory(of: bucket) }
-    }
-
-    /// Remove the cache file of `ino`, a node just dropped (nothing uses it):
-    /// it is kept, empty, as a spare for a new file (`SpareCacheFiles`).
-    public func removeCacheFile(_ ino: UInt64) {
-        spares.retire(cachePath(ino))
-    }
-
-    /// Move a fully downloaded, verified file into place as the content of `ino`.
-    public func installCacheFile(from staged: String, _ ino: UInt64) throws {
-        let path = cachePath(ino)
-        createdInBuckets.withLock { _ = $0.insert(Self.bucket(ino)) }
-        if rename(staged, path) == 0 { return }
-        if errno == ENOENT {
-            makeBucket(of: path)
-            if rename(staged, path) == 0 { return }
-        }
-        throw UbiquityError.posix("install downloaded content for inode \(ino)")
-    }
-
-
 }

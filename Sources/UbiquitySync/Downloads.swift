@@ -161,11 +161,11 @@ extension SyncEngine {
     /// for the whole file (`waitUntilDownloaded`), which an eviction does not stop.
     @discardableResult
     public func startDownload(ino: UInt64, background: Bool = false, keep: Bool = false) -> String {
-        guard let node = replica.withNamespace({ ns in ns.node(ino) }) else { return replica.cachePath(ino) }
+        guard let node = replica.withNamespace({ ns in ns.node(ino) }) else { return replica.cache.path(ino) }
         // One partial file per version: a download of an older version that is
         // still finishing never writes into (or removes) the newer one's.
-        let partial = replica.cachePath(ino) + "." + String((node.hash ?? "empty").prefix(16)) + ".part"
-        guard node.isPlaceholder else { return replica.cachePath(ino) }
+        let partial = replica.cache.partialPath(ino, version: node.hash)
+        guard node.isPlaceholder else { return replica.cache.path(ino) }
         let key = DownloadBoard.JobKey(ino: ino, hash: node.hash)
         let pool = DownloadPool.shared
         pool.monitor.lock()
@@ -534,7 +534,7 @@ extension SyncEngine {
             guard let n = ns.node(ino), n.hash == hash, !n.hasContent else { return false }
             // The rename happens under the lock (one metadata syscall), so an
             // eviction or another download never interleaves with it.
-            try replica.installCacheFile(from: partial, ino)
+            try replica.cache.install(from: partial, ino)
             // Every blob was checked against its hash: the copy is verified.
             ns.update(ino, local: false) { $0.hasContent = true; $0.size = $0.hashSize; $0.verifiedHash = hash }
             // Just downloaded counts as just used: the cache limit evicts others first.

@@ -60,7 +60,7 @@ extension SyncEngine {
             return true
         }, committed: { _, evicted in
             // Under the lock (one unlink), so no download or writer interleaves.
-            if evicted { unlink(replica.cachePath(ino)) }
+            if evicted { unlink(replica.cache.path(ino)) }
         })
         if evicted {
             var changes = ReplicaChanges()

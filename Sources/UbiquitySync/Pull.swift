@@ -102,7 +102,7 @@ extension SyncEngine {
         status.withLock { s in s.lastSync = Date(); s.storeReachable = true }
         if !all.isEmpty, let observer = observer.withLock({ $0 }) { observer.replicaChanged(all) }
         for ino in all.refresh { startDownload(ino: ino, background: true) }
-        for ino in all.dropped { replica.removeCacheFile(ino) }
+        for ino in all.dropped { replica.cache.retire(ino) }
         if let unrecorded { throw unrecorded }
         return all
     }
@@ -128,7 +128,7 @@ extension SyncEngine {
         }
         var hashes: [UInt64: String] = [:]
         for (ino, size) in candidates {
-            guard let data = FileManager.default.contents(atPath: replica.cachePath(ino)), UInt64(data.count) == size else { continue }
+            guard let data = FileManager.default.contents(atPath: replica.cache.path(ino)), UInt64(data.count) == size else { continue }
             hashes[ino] = ContentCopy.hash(of: data)
         }
         return hashes

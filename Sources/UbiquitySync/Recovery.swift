@@ -40,7 +40,7 @@ extension SyncEngine {
         for ino in marked {
             guard let node = replica.withNamespace({ ns in ns.node(ino) }) else { continue }
             let torn = node.kind == .file && node.hasContent && !node.unlinked && node.version > 0
-                && FileManager.default.fileExists(atPath: replica.cachePath(ino)) && !localCopyIsGoodVersion(node)
+                && FileManager.default.fileExists(atPath: replica.cache.path(ino)) && !localCopyIsGoodVersion(node)
             let result = replica.withNamespace { ns -> (copy: UInt64, good: UInt64, name: FileName)? in
                 let places = ns.entriesNaming(ino)
                 guard torn, let first = places.first else {
@@ -92,7 +92,7 @@ extension SyncEngine {
     /// The local copy of `node` is its last synced version (`hash`): opened
     /// for writing, but nothing was changed.
     func localCopyIsGoodVersion(_ node: LocalNode) -> Bool {
-        guard let reader = try? CacheFileReader(path: replica.cachePath(node.ino)) else { return false }
+        guard let reader = try? CacheFileReader(path: replica.cache.path(node.ino)) else { return false }
         defer { reader.close() }
         guard UInt64(reader.size) == node.hashSize else { return false }
         guard let hash = node.hash else { return reader.size == 0 }

@@ -83,7 +83,7 @@ extension SyncEngine {
         if problems.isEmpty && !verifyLocal { return .intact }
 
         // Read the local copy: check it is this version, and upload what the store lacks.
-        let reader = try CacheFileReader(path: replica.cachePath(node.ino))
+        let reader = try CacheFileReader(path: replica.cache.path(node.ino))
         defer { reader.close() }
         func notThisVersion(_ what: String) throws -> Never {
             // A writer may have changed the file while it was read: then nothing is wrong with it.

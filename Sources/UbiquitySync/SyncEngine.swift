@@ -459,7 +459,7 @@ public final class SyncEngine: Sendable {
     func uploadContent(ino: UInt64, generation: UInt64, packer: PackWriter? = nil) throws -> ContentSnapshot? {
         let source: CacheFileReader
         do {
-            source = try CacheFileReader(path: replica.cachePath(ino))
+            source = try CacheFileReader(path: replica.cache.path(ino))
         } catch {
             // Gone with a change (the file deleted, its content replaced): the
             // next round has a new generation. Otherwise this file's upload
@@ -625,7 +625,7 @@ public final class SyncEngine: Sendable {
             for (key, change) in batch.entries { ns.entryPushed(key, change: change) }
             return dropped
         }
-        for ino in dropped { replica.removeCacheFile(ino) }
+        for ino in dropped { replica.cache.retire(ino) }
         // The store has the change set: recording that is bookkeeping (may use the
         // space reserve). If it still fails, the record stays queued; after a
         // restart the same state is pushed again, which is harmless.

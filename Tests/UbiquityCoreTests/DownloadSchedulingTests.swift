@@ -73,7 +73,7 @@ import Glibc
         defer { a.cleanUp(); b.cleanUp() }
         let ino = files[0]
         let hash = b.replica.withNamespace { $0.node(ino)!.hash! }
-        let partial = b.replica.cachePath(ino) + "." + String(hash.prefix(16)) + ".part"
+        let partial = b.replica.cache.path(ino) + "." + String(hash.prefix(16)) + ".part"
         let pool = DownloadPool.shared
         // A straggler of an earlier attempt writes the partial file.
         pool.monitor.lock()

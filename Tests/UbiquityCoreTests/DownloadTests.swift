@@ -118,7 +118,7 @@ import Glibc
         let (a, b, ino) = try placeholderOnB(store, store)
         defer { a.cleanUp(); b.cleanUp() }
         let node = b.replica.withNamespace { $0.node(ino)! }
-        let partial = b.replica.cachePath(ino) + "." + String(node.hash!.prefix(16)) + ".part"
+        let partial = b.replica.cache.path(ino) + "." + String(node.hash!.prefix(16)) + ".part"
         let hashes = stride(from: 0, to: Self.data.count, by: Self.chunk).map {
             ContentCopy.hash(of: Self.data.subdata(in: $0..<min(Self.data.count, $0 + Self.chunk)))
         }
@@ -157,7 +157,7 @@ import Glibc
             let (a, b, ino) = try tests.placeholderOnB(store, faulty)
             let hash = b.replica.withNamespace { $0.node(ino)!.hash! }
             (self.a, self.b, self.ino) = (a, b, ino)
-            partial = b.replica.cachePath(ino) + "." + String(hash.prefix(16)) + ".part"
+            partial = b.replica.cache.path(ino) + "." + String(hash.prefix(16)) + ".part"
         }
 
         /// Open B's placeholder for reading and read its first MiB (right): a stream.

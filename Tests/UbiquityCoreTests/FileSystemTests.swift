@@ -89,20 +89,20 @@ import Glibc
                 return stat(path, &st) == 0 ? UInt64(st.st_ino) : nil
             }
             let first = try d.write("a", "the old content, longer than the new")
-            let inode = diskInode(d.replica.cachePath(first))
+            let inode = diskInode(d.replica.cache.path(first))
             #expect(inode != nil)
             try d.engine.drain(progress: { _, _ in })
             try d.fs.unlink(parent: Namespace.rootIno, name: "a")
             d.fs.forget(ino: first, count: 1)
             #expect(spares().isEmpty)   // its removal is not in the store yet
             try d.engine.drain(progress: { _, _ in })
-            #expect(diskInode(d.replica.cachePath(first)) == nil)
+            #expect(diskInode(d.replica.cache.path(first)) == nil)
             #expect(spares().count == 1)
             #expect(spares().first.flatMap { diskInode(spareDirectory + "/" + $0) } == inode)
             #expect(spares().first.map { (try? FileManager.default.attributesOfItem(atPath: spareDirectory + "/" + $0))?[.size] as? Int } == 0)
 
             let second = try d.write("b", "new")
-            #expect(diskInode(d.replica.cachePath(second)) == inode)
+            #expect(diskInode(d.replica.cache.path(second)) == inode)
             #expect(spares().isEmpty)
             #expect(try d.read("b") == "new")
             let (_, opened) = try d.fs.create(parent: Namespace.rootIno, name: "c", mode: 0o644, flags: O_WRONLY, caller: .root)

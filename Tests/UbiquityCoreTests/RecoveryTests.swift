@@ -102,7 +102,7 @@ import Glibc
         try a.engine.drain(progress: { _, _ in })
         store.loseBlob(ContentCopy.hash(of: Data("original".utf8)))
         // The local copy rots behind the index's back.
-        try Data("ORIGINAL".utf8).write(to: URL(fileURLWithPath: a.replica.cachePath(ino)))
+        try Data("ORIGINAL".utf8).write(to: URL(fileURLWithPath: a.replica.cache.path(ino)))
         let refusal = #expect(throws: UbiquityError.self) { try a.engine.evict(ino: ino) }
         #expect(refusal?.errno == EIO)
         #expect(store.blobHashes.isEmpty, "nothing uploaded under a hash its bytes do not have")

@@ -24,7 +24,7 @@ import Glibc
         try device.fs.release(handle: handle)
         let ino = try device.resolve("doc.txt")
         // The cache file is gone (a disk error, a user's rm in the data home).
-        #expect(unlink(device.replica.cachePath(ino)) == 0)
+        #expect(unlink(device.replica.cache.path(ino)) == 0)
         _ = try device.engine.pushOnce(ignoreDelay: true)
         let failing = device.engine.failingUploads()
         #expect(failing.map(\.ino) == [ino], "the push did not count the file as failing: \(failing)")

@@ -45,12 +45,12 @@ import Glibc
         try b.engine.pull()
         let ino = try #require(b.replica.withNamespace { $0.lookup(Namespace.rootIno, "f") })
         try b.engine.download(ino: ino)
-        #expect(FileManager.default.fileExists(atPath: b.replica.cachePath(ino)))
+        #expect(FileManager.default.fileExists(atPath: b.replica.cache.path(ino)))
         try a.fs.unlink(parent: Namespace.rootIno, name: "f")
         try a.engine.drain(progress: { _, _ in })
         try b.engine.pull()
         #expect(b.replica.withNamespace { $0.node(ino) } == nil)
-        #expect(!FileManager.default.fileExists(atPath: b.replica.cachePath(ino)))
+        #expect(!FileManager.default.fileExists(atPath: b.replica.cache.path(ino)))
     }
 
     @Test func aBurstLargerThanOneChangeSetArrivesWhole() throws {
