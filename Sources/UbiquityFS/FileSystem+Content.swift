@@ -221,7 +221,9 @@ extension FileSystem {
             if flags & O_TRUNC != 0 {
                 try syscallRetrying("truncate on open") { ftruncate(fd, 0) }
                 let now = Timespec.now()
-                replica.withNamespace { ns in ns.contentChanged(ino, size: 0, time: now, monotonic: MonotonicClock.now()) }
+                replica.withNamespace { ns in
+                    changeContent(ino, in: &ns) { $0.contentChanged(ino, size: 0, time: now, monotonic: MonotonicClock.now()) }
+                }
             }
         } catch {
             try? release(handle: opened.handle)
@@ -277,9 +279,6 @@ extension FileSystem {
     /// With `backing`, the kernel may serve the open itself (`chooseKernelIO`).
     func register(ino: UInt64, fd: Int32, writable: Bool, epoch expected: UInt32? = nil,
                   streaming: (size: UInt64, version: String?)? = nil, backing: (any BackingFiles)? = nil) -> OpenReply? {
-        // Keep the kernel's pages only if they were filled from this very content
-        // (and by this mount's kernel: asked before the namespace lock is taken).
-        let soleView = options.soleView()
         var kernelIO = KernelIO.cached
         let counted = replica.withNamespace { ns -> (UInt32, Bool)? in
             guard let node = ns.node(ino) else { return nil }
@@ -293,10 +292,11 @@ extension FileSystem {
                 $0.openCount += 1
                 $0.lastAccess = AccessClock.now()
                 if writable { $0.openWriters += 1 }
-                result = ($0.contentEpoch, $0.kernelEpoch == $0.contentEpoch && streaming == nil && soleView)
-                $0.kernelEpoch = $0.contentEpoch
+                result.0 = $0.contentEpoch
             }
-            if writable && expected != nil { ns.beginContentChange(ino, monotonic: now) }
+            // Keep the kernel's pages only if they were filled from this very content.
+            result.1 = kernel.opened(node) && streaming == nil
+            if writable && expected != nil { changeContent(ino, in: &ns) { $0.beginContentChange(ino, monotonic: now) } }
             return result
         }
         guard let (epoch, keepCache) = counted else { return nil }
@@ -367,7 +367,7 @@ extension FileSystem {
         guard let last else { return nil }
         // Writes went to the cache file without the mounted file's page
         // cache: the next cached open must not keep what it holds.
-        if last.wrote { ns.updateRuntime(ino) { $0.kernelEpoch = $0.contentEpoch &- 1 } }
+        if last.wrote { kernel.pagesStale(ino) }
         return last.backing
     }
 
@@ -455,7 +455,7 @@ extension FileSystem {
         replica.withNamespace { ns in
             ns.endWrite(file.ino)
             guard let node = ns.node(file.ino) else { return }
-            ns.contentChanged(file.ino, size: max(node.size, end), time: now, monotonic: monotonic)
+            changeContent(file.ino, in: &ns) { $0.contentChanged(file.ino, size: max(node.size, end), time: now, monotonic: monotonic) }
         }
         return written
     }
@@ -492,9 +492,7 @@ extension FileSystem {
         let dropped = replica.withNamespace { ns -> Bool in
             // Reads through a handle of older content may have refilled the
             // kernel's cache with it: make the next open drop that cache.
-            if let node = ns.node(file.ino), node.contentEpoch != file.epoch {
-                ns.updateRuntime(file.ino) { $0.kernelEpoch = $0.contentEpoch &- 1 }
-            }
+            if let node = ns.node(file.ino), node.contentEpoch != file.epoch { kernel.pagesStale(file.ino) }
             if file.kernelIO != .cached { unregister = passthroughReleased(file.ino, in: &ns) }
             ns.updateRuntime(file.ino) { $0.openCount -= 1 }
             if file.writable { writerLeft(file.ino, in: &ns) }
@@ -524,7 +522,7 @@ extension FileSystem {
         replica.withNamespace { ns in
             ns.endWrite(file.ino)
             guard let node = ns.node(file.ino), end > node.size else { return }
-            ns.contentChanged(file.ino, size: end, time: now, monotonic: MonotonicClock.now())
+            changeContent(file.ino, in: &ns) { $0.contentChanged(file.ino, size: end, time: now, monotonic: MonotonicClock.now()) }
         }
     }
 

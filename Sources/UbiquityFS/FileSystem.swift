@@ -196,6 +196,15 @@ public final class FileSystem: Sendable {
         }
     }
 
+    /// Change the content of `ino` through this view (under the namespace
+    /// lock): this kernel's pages that were current stay current, every
+    /// other view's become stale (`KernelReferences`).
+    func changeContent(_ ino: UInt64, in ns: inout Namespace, _ change: (inout Namespace) -> Void) {
+        guard let before = ns.node(ino) else { return change(&ns) }
+        change(&ns)
+        if let after = ns.node(ino) { kernel.changedHere(ino, from: KernelReferences.CachedContent(before), to: after) }
+    }
+
     /// The kernel forgets `count` references to `ino`.
     public func forget(ino: UInt64, count: UInt64) {
         let ino = view.swap(ino)
@@ -285,8 +294,10 @@ public final class FileSystem: Sendable {
             let now = Timespec.now()
             replica.withNamespace { ns in
                 ns.endWrite(ino)
-                ns.beginContentChange(ino, monotonic: MonotonicClock.now())
-                ns.contentChanged(ino, size: size, time: now, monotonic: MonotonicClock.now())
+                changeContent(ino, in: &ns) {
+                    $0.beginContentChange(ino, monotonic: MonotonicClock.now())
+                    $0.contentChanged(ino, size: size, time: now, monotonic: MonotonicClock.now())
+                }
             }
             return
         }
@@ -318,7 +329,7 @@ public final class FileSystem: Sendable {
             let registered = replica.withNamespace { ns -> Bool in
                 guard ns.node(ino)?.hasContent == true else { return false }
                 ns.updateRuntime(ino) { $0.openWriters += 1 }
-                ns.beginContentChange(ino, monotonic: MonotonicClock.now())
+                changeContent(ino, in: &ns) { $0.beginContentChange(ino, monotonic: MonotonicClock.now()) }
                 return true
             }
             guard registered else { continue }
@@ -331,7 +342,7 @@ public final class FileSystem: Sendable {
             }
             let now = Timespec.now()
             replica.withNamespace { ns in
-                ns.contentChanged(ino, size: size, time: now, monotonic: MonotonicClock.now())
+                changeContent(ino, in: &ns) { $0.contentChanged(ino, size: size, time: now, monotonic: MonotonicClock.now()) }
                 writerLeft(ino, in: &ns)
             }
             return

@@ -15,11 +15,30 @@ import UbiquityReplica
 ///   logged by the mount at its end) instead of taking another kernel's
 ///   references.
 ///
+/// It also remembers which content each file's pages in that kernel were
+/// filled from (`CachedContent`: the node's content epoch and generation),
+/// so an open keeps the kernel's page cache only if nothing changed the
+/// content since, except through this same kernel (its writes went through
+/// its cache). A change through another view, or from another device,
+/// makes this kernel drop its pages at its next open; several mounts of one
+/// container each keep their own cache.
+///
 /// Lock order: taken inside the namespace lock (each change of a count and
 /// of the node's sum is one step under it); a leaf.
 final class KernelReferences: Sendable {
+    /// What a file's pages in this kernel were filled from.
+    struct CachedContent: Equatable {
+        var epoch: UInt32
+        var generation: UInt64
+        init(_ node: LocalNode) {
+            epoch = node.contentEpoch
+            generation = node.contentGeneration
+        }
+    }
+
     struct State {
         var counts: [UInt64: UInt64] = [:]
+        var cached: [UInt64: CachedContent] = [:]
         /// Forgets beyond what this kernel held (a kernel or adapter bug).
         var excessForgets = 0
         var released = false
@@ -43,7 +62,13 @@ final class KernelReferences: Sendable {
             let held = s.counts[ino] ?? 0
             let given = min(held, count)
             if count > held { s.excessForgets += 1 }
-            if held - given == 0 { s.counts[ino] = nil } else { s.counts[ino] = held - given }
+            if held - given == 0 {
+                // The kernel forgot the inode, and its pages with it.
+                s.counts[ino] = nil
+                s.cached[ino] = nil
+            } else {
+                s.counts[ino] = held - given
+            }
             return given
         }
         guard given > 0 else { return false }
@@ -56,7 +81,7 @@ final class KernelReferences: Sendable {
     /// held, and the excess forgets seen.
     func releaseAll(in ns: inout Namespace) -> (dropped: [UInt64], held: Int, excessForgets: Int) {
         let (counts, excess) = state.withLock { s -> ([UInt64: UInt64], Int) in
-            defer { s.counts = [:]; s.released = true }
+            defer { s.counts = [:]; s.cached = [:]; s.released = true }
             return (s.counts, s.excessForgets)
         }
         var dropped: [UInt64] = []
@@ -65,5 +90,32 @@ final class KernelReferences: Sendable {
             if ns.dropIfUnreferenced(ino) { dropped.append(ino) }
         }
         return (dropped, counts.count, excess)
+    }
+
+    // MARK: The kernel's page cache
+
+    /// An open of `node` (under the namespace lock): whether this kernel's
+    /// pages of it may be kept, because they were filled from this very
+    /// content. They are from now on.
+    func opened(_ node: LocalNode) -> Bool {
+        let now = CachedContent(node)
+        return state.withLock { s in
+            defer { s.cached[node.ino] = now }
+            return s.cached[node.ino] == now
+        }
+    }
+
+    /// The content of `ino` changed through this kernel, from `before` to
+    /// `node`: pages that were current still are (the change went through them).
+    func changedHere(_ ino: UInt64, from before: CachedContent, to node: LocalNode) {
+        state.withLock { s in
+            if s.cached[ino] == before { s.cached[ino] = CachedContent(node) }
+        }
+    }
+
+    /// This kernel's pages of `ino` may hold other content (read through
+    /// an older handle, or bypassed by passthrough writes): its next open drops them.
+    func pagesStale(_ ino: UInt64) {
+        state.withLock { _ = $0.cached.removeValue(forKey: ino) }
     }
 }

@@ -179,9 +179,9 @@ public struct FileSystemOptions: Sendable {
     public var entryTimeout: Double = 5
     public var attributeTimeout: Double = 5
     public var view = ViewRoot()
-    /// Whether this is the only mount of its replica. The content epoch that
-    /// lets an open keep the kernel's page cache is the replica's, so with
-    /// several mounts (several kernel caches) no open keeps it.
+    /// Whether this is the only mount of its replica: with several, a
+    /// folder's listing is not left in the kernels' caches (a change
+    /// through one mount would not reach the others' listings).
     public var soleView: @Sendable () -> Bool = { true }
     /// Called on a thread about to wait for a download: a FUSE worker that
     /// reads the mount's requests hands the reading to another first

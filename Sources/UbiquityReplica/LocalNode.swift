@@ -106,8 +106,6 @@ public struct LocalNode: Sendable {
     /// version, a download, an eviction): the kernel's pages of the file are
     /// then not to be trusted by the next open.
     public var contentEpoch: UInt32 = 0
-    /// The epoch the kernel's page cache was last (re)filled under.
-    public var kernelEpoch: UInt32 = 0
 
     public init(ino: UInt64, id: NodeID, kind: NodeKind, mode: UInt32, uid: UInt32, gid: UInt32,
                 size: UInt64 = 0, rdev: UInt64 = 0, target: String? = nil, time: Timespec) {

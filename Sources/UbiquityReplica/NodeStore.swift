@@ -14,7 +14,7 @@ import UbiquityStore
 ///   usually equal another one are a tag: `hashSize` and `pushed` /
 ///   `pushedGeneration` (equal to `size`, `change`, `contentGeneration` once
 ///   pushed), `ctime` (equal to `mtime`), `atime` (equal to `btime`,
-///   `mtime` or `ctime`), `verifiedHash` (equal to `hash`), `kernelEpoch`.
+///   `mtime` or `ctime`), `verifiedHash` (equal to `hash`).
 /// - **Everything else is in a side table holding only the nodes that
 ///   need it**: `unsettled` (what a node with changes not yet pushed
 ///   needs: `pushed`, `pushedGeneration`, `hashSize`, `lastContentChange`)
@@ -420,12 +420,6 @@ final class NodeStore: @unchecked Sendable {
         n.lastContentChange = u?.lastContentChange ?? 0
         n.lastAccess = r.u32(NodeRecord.lastAccessOffset)
         n.contentEpoch = x?.contentEpoch ?? (f >> 24)
-        switch (f >> NodeRecord.kernelEpochShift) & 3 {
-        case 0: n.kernelEpoch = n.contentEpoch
-        case 1: n.kernelEpoch = n.contentEpoch &- 1
-        case 2: n.kernelEpoch = 0
-        default: n.kernelEpoch = x!.kernelEpoch!
-        }
         return n
     }
 
@@ -540,16 +534,6 @@ final class NodeStore: @unchecked Sendable {
         if n.chunked { f |= NodeRecord.chunked }
 
         if n.contentEpoch <= 0xFF { f |= n.contentEpoch << 24 } else { x.contentEpoch = n.contentEpoch; needsExtras = true }
-        if n.kernelEpoch == n.contentEpoch {
-        } else if n.kernelEpoch == n.contentEpoch &- 1 {
-            f |= 1 << NodeRecord.kernelEpochShift
-        } else if n.kernelEpoch == 0 {
-            f |= 2 << NodeRecord.kernelEpochShift
-        } else {
-            f |= 3 << NodeRecord.kernelEpochShift
-            x.kernelEpoch = n.kernelEpoch
-            needsExtras = true
-        }
 
         // The last name: the bytes of the entry naming the node, when there is one.
         if !n.lastName.isEmpty {
@@ -721,8 +705,7 @@ struct NodeRecord: Sendable {
     static let verifiedShift: UInt32 = 9
     /// atime: 0 btime, 1 mtime, 2 ctime, 3 in `extras`.
     static let atimeShift: UInt32 = 11
-    /// kernelEpoch: 0 contentEpoch, 1 contentEpoch &- 1, 2 zero, 3 in `extras`.
-    static let kernelEpochShift: UInt32 = 13
+    // Bits 13–14 are free.
     /// lastName: 0 empty, 1 the entry's bytes (`nameOffset` in the directory `lastParent`), 2 in `extras`.
     static let nameShift: UInt32 = 15
     /// The ID is not a series number and count: it is in `wideIDs` or (text) in `extras`.
@@ -780,7 +763,6 @@ struct NodeExtras: Sendable {
     var lookups: UInt64?
     var nlink: UInt32?
     var contentEpoch: UInt32?
-    var kernelEpoch: UInt32?
     var profile: Profile?
     var author: String?
     var target: String?

@@ -20,6 +20,31 @@ import Glibc
         do { try body(); return nil } catch let e as UbiquityError { return e.errno } catch { return -1 }
     }
 
+    /// Two mounts of one container (two views, two kernels) each keep
+    /// their own page cache: an open keeps it only if that kernel filled it
+    /// from the current content, and a write through one mount makes only
+    /// the other drop its pages.
+    @Test func eachMountKeepsItsOwnPageCache() throws {
+        try withDevice { d in
+            let other = FileSystem(replica: d.replica, hooks: d.engine)
+            let ino = try d.write("f.txt", "one")
+            func keeps(_ fs: FileSystem) throws -> Bool {
+                let opened = try fs.open(ino: ino, flags: O_RDONLY)
+                try fs.release(handle: opened.handle)
+                return opened.keepCache
+            }
+            #expect(try keeps(d.fs), "the mount that wrote it holds its pages")
+            #expect(try !keeps(other), "the other mount never read it")
+            #expect(try keeps(other))
+            let writer = try other.open(ino: ino, flags: O_WRONLY)
+            _ = try Array("two".utf8).withUnsafeBytes { try other.write(handle: writer.handle, offset: 0, bytes: $0.baseAddress!, count: 3) }
+            try other.release(handle: writer.handle)
+            #expect(try !keeps(d.fs), "written through the other mount: this one's pages are stale")
+            #expect(try keeps(other), "its own writes went through its pages")
+            #expect(try keeps(d.fs))
+        }
+    }
+
     @Test func createWriteReadBack() throws {
         try withDevice { d in
             try d.write("a.txt", "hello")

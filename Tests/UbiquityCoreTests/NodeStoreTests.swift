@@ -84,7 +84,6 @@ import UbiquityStore
         n.lastContentChange = pick(counters, &r)
         n.lastAccess = UInt32(truncatingIfNeeded: pick(counters, &r))
         n.contentEpoch = UInt32(truncatingIfNeeded: pick(counters, &r))
-        n.kernelEpoch = pick([n.contentEpoch, n.contentEpoch &- 1, 0, 77], &r)
         return n
     }
 
