@@ -25,7 +25,7 @@ if [ "$package" = yes ]; then
   bin=/usr/bin/ubiquityfs
 else
   bash "$repo/Packaging/install-deps.sh" runtime build   # nothing that only the tests need
-  (cd "$repo" && swift build -c release)
+  (cd "$repo" && swift build -c release --product ubiquityfs)
   bin="$repo/.build/release/ubiquityfs"
   if [ -w /usr/local/bin ]; then ln -sf "$bin" /usr/local/bin/ubiquityfs; bin=ubiquityfs; fi
 fi
