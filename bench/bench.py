@@ -12,6 +12,8 @@ Targets (columns):
   bindfs      `bindfs --no-allow-other SRC MP` over a plain directory under
               --workdir (plain single-threaded FUSE loopback).  The goals are
               ratios against this column.
+  plain       the plain directory itself (no FUSE): what the disk and the
+              kernel allow, the ceiling for every mount.
   rclone      `rclone mount SRC MP --vfs-cache-mode full` over a plain
               directory under --workdir (no rclone config is read), if rclone
               is installed and --no-rclone is not given.  For comparison only.
@@ -333,6 +335,19 @@ class DirTarget(Target):
         if self.root:
             log(f"{self.name}: removing {self.root}")
             rmtree(self.root)
+
+
+class PlainTarget(DirTarget):
+    """The plain directory itself, under --workdir: no FUSE at all."""
+    name = "plain"
+
+    def __init__(self, workdir):
+        super().__init__(os.path.join(workdir, "plain"))
+        self.label = "plain directory"
+
+    def setup(self):
+        os.makedirs(self.dir, exist_ok=True)
+        super().setup()
 
 
 class BindfsTarget(Target):
@@ -970,7 +985,7 @@ METRICS = [
     ("rss_after", "rss: daemon VmRSS after N, pushed", "MiB", "mem", ("abs<=", 200, "")),
     ("rss_peak", "rss: daemon VmHWM (peak)", "MiB", "mem", None),
 ]
-OTHERS = ("bindfs", "rclone")   # comparison columns; goals are against bindfs
+OTHERS = ("bindfs", "plain", "rclone")   # comparison columns; goals are against bindfs
 
 
 # --------------------------------------------------------------------------
@@ -978,7 +993,7 @@ OTHERS = ("bindfs", "rclone")   # comparison columns; goals are against bindfs
 # --------------------------------------------------------------------------
 
 DISPLAY = {"ubiquityfs": "ubiquityfs", "target": "dir", "bindfs": "bindfs",
-           "rclone": "rclone"}
+           "plain": "plain", "rclone": "rclone"}
 
 
 def fmt(v, unit):
@@ -1012,8 +1027,9 @@ def build_rows(results, ours_name, cfg, raw=None):
     for key, label, unit, kind, goal in METRICS:
         o = results.get(ours_name, {}).get(key)
         b = results.get("bindfs", {}).get(key)
+        pl = results.get("plain", {}).get(key)
         rc = results.get("rclone", {}).get(key)
-        if o is None and b is None and rc is None:
+        if o is None and b is None and rc is None and pl is None:
             continue
         if key.startswith("rss_"):
             label = label.replace(" N", f" {cfg.rss_files:,}")
@@ -1036,8 +1052,8 @@ def build_rows(results, ours_name, cfg, raw=None):
         spreads = [x for x in (spread(raw.get(n, {}).get(key))
                                for n in (ours_name,) + OTHERS) if x is not None]
         rows.append({"metric": key, "workload": label, "unit": unit, "kind": kind,
-                     "ours_name": ours_name, "ours": o, "bindfs": b, "rclone": rc,
-                     "ratio": ratio, "ratio_rclone": ratio_of(kind, o, rc),
+                     "ours_name": ours_name, "ours": o, "bindfs": b, "plain": pl, "rclone": rc,
+                     "ratio": ratio, "ratio_plain": ratio_of(kind, o, pl), "ratio_rclone": ratio_of(kind, o, rc),
                      "spread": max(spreads) if spreads else None,
                      "goal": tgt, "verdict": verdict})
     return rows
@@ -1047,8 +1063,8 @@ def print_table(rows, ours_name, notes=(), rss_files=None, out=sys.stdout):
     """notes: {column name: why it has no figures}, e.g. rclone not installed."""
     notes = dict(notes)
     show_spread = any(r["spread"] is not None for r in rows)
-    hdr = ["workload", "unit", DISPLAY.get(ours_name, ours_name), "bindfs", "rclone",
-           "vs bindfs", "vs rclone"]
+    hdr = ["workload", "unit", DISPLAY.get(ours_name, ours_name), "bindfs", "plain", "rclone",
+           "vs bindfs", "vs plain", "vs rclone"]
     hdr += ["spread"] if show_spread else []
     hdr += ["goal (vs bindfs)", ""]
 
@@ -1064,14 +1080,16 @@ def print_table(rows, ours_name, notes=(), rss_files=None, out=sys.stdout):
     for r in rows:
         row = [r["workload"], r["unit"], value_cell(r["ours"], r["unit"], ours_name),
                value_cell(r["bindfs"], r["unit"], "bindfs"),
+               value_cell(r["plain"], r["unit"], "plain"),
                value_cell(r["rclone"], r["unit"], "rclone"),
-               ratio_cell(r["ratio"], "bindfs"), ratio_cell(r["ratio_rclone"], "rclone")]
+               ratio_cell(r["ratio"], "bindfs"), ratio_cell(r["ratio_plain"], "plain"),
+               ratio_cell(r["ratio_rclone"], "rclone")]
         if show_spread:
             row.append("" if r["spread"] is None else f"{100 * r['spread']:.0f}%")
         row += [r["goal"], r["verdict"]]
         table.append(row)
     widths = [max(len(row[i]) for row in table) for i in range(len(hdr))]
-    right = set(range(2, 8 if show_spread else 7))
+    right = set(range(2, 10 if show_spread else 9))
 
     def line(row):
         cells = [c.rjust(widths[i]) if i in right else c.ljust(widths[i])
@@ -1122,7 +1140,7 @@ def parse_args(argv):
     ap.add_argument("--bin", default=None,
                     help="ubiquityfs binary (default: .build/release/ubiquityfs, "
                          "else .build/debug/ubiquityfs)")
-    ap.add_argument("--only", choices=["ubiquityfs", "bindfs", "rclone", "target"],
+    ap.add_argument("--only", choices=["ubiquityfs", "bindfs", "plain", "rclone", "target"],
                     help="run a single target")
     ap.add_argument("--no-rclone", action="store_true",
                     help="skip the rclone column (it runs whenever rclone is installed)")
@@ -1265,7 +1283,7 @@ def main(argv=None):
     if cfg.only:
         names = [cfg.only]
     else:
-        names = [ours_name, "bindfs"]
+        names = [ours_name, "bindfs", "plain"]
         if cfg.no_rclone:
             notes["rclone"] = "skipped (--no-rclone)"
         elif shutil.which("rclone") is None:
@@ -1305,6 +1323,8 @@ def main(argv=None):
                 t = BindfsTarget(cfg.workdir, shlex.split(cfg.bindfs_args))
             elif n == "rclone":
                 t = RcloneTarget(cfg.workdir, shlex.split(cfg.rclone_args))
+            elif n == "plain":
+                t = PlainTarget(cfg.workdir)
             else:
                 t = DirTarget(cfg.target, cfg.target_pid)
             targets[n] = t
