@@ -78,9 +78,7 @@ extension SyncEngine {
         } catch {
             throw UbiquityError(EIO, "the journal of \(container) was compacted up to record \(base), and its snapshot cannot be used (\(UbiquityError.wrap(error).message)): this device cannot catch up (its work stays here, unpushed)")
         }
-        try packs.record(parts.reduce(into: [:]) { all, part in
-            all.merge(PackIndex.locations(in: part.changeSet.changes)) { $1 }
-        }, own: false)
+        try recordPackLocations(in: parts)
         let authors = parts.reduce(into: [NodeID: String]()) { all, part in all.merge(part.authors) { $1 } }
         let (difference, behind) = replica.withNamespace { ns in (Self.difference(from: parts, to: ns, device: record), ns.appliedSeq) }
         guard behind < base else { return ReplicaChanges() }
@@ -99,12 +97,7 @@ extension SyncEngine {
             ns.setAppliedSeq(base)
             return changes
         }
-        try replica.persist(.grows)
-        do {
-            try history.indexSnapshot(parts, seq: base, date: record.date)
-        } catch {
-            logger.warning("\(container): history of the snapshot not indexed (\(UbiquityError.wrap(error).message)); read again later")
-        }
+        try snapshotApplied(parts, of: record)
         logger.warning("\(container): this device had applied the journal up to record \(behind), and records up to \(base) were removed meanwhile (older than the retention period): rejoined from the snapshot of record \(base) (\(difference.changes.count) changes); work not pushed from here is kept")
         return changes
     }

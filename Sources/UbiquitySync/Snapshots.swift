@@ -35,10 +35,7 @@ extension SyncEngine {
             do {
                 guard let record = try store.snapshot(container: container, seq: seq) else { continue }
                 let parts = try readParts(of: record)
-                // Where packed content is, known before any node needing it is recorded.
-                try packs.record(parts.reduce(into: [:]) { all, part in
-                    all.merge(PackIndex.locations(in: part.changeSet.changes)) { $1 }
-                }, own: false)
+                try recordPackLocations(in: parts)
                 let changes = replica.withNamespace { ns -> ReplicaChanges? in
                     guard Self.isNew(ns) else { return nil }
                     var all = ReplicaChanges()
@@ -52,12 +49,7 @@ extension SyncEngine {
                     return all
                 }
                 guard let changes else { return nil }
-                try replica.persist(.grows)
-                do {
-                    try history.indexSnapshot(parts, seq: seq, date: record.date)
-                } catch {
-                    logger.warning("\(container): history of the snapshot not indexed (\(UbiquityError.wrap(error).message)); read again later")
-                }
+                try snapshotApplied(parts, of: record)
                 logger.info("\(container): started from the snapshot of journal record \(seq) (\(record.nodes) items, written by \(record.deviceName)); replaying the records after it")
                 return (seq, changes)
             } catch let error as UbiquityError where error.errno == EHOSTDOWN {
@@ -67,6 +59,24 @@ extension SyncEngine {
             }
         }
         return nil
+    }
+
+    /// Where the packed content the parts name is: known before any node needing it is recorded.
+    func recordPackLocations(in parts: [SnapshotPart]) throws {
+        try packs.record(parts.reduce(into: [:]) { all, part in
+            all.merge(PackIndex.locations(in: part.changeSet.changes)) { $1 }
+        }, own: false)
+    }
+
+    /// A snapshot was applied: record it, and index it in the history (if
+    /// that fails, the history reads it again later).
+    func snapshotApplied(_ parts: [SnapshotPart], of record: SnapshotRecord) throws {
+        try replica.persist(.grows)
+        do {
+            try history.indexSnapshot(parts, seq: record.seq, date: record.date)
+        } catch {
+            logger.warning("\(container): history of the snapshot not indexed (\(UbiquityError.wrap(error).message)); read again later")
+        }
     }
 
     /// Nothing applied and nothing made here: only the root.
