@@ -83,7 +83,7 @@ public final class ContentCache: Sendable {
     /// 4,096 inode numbers).
     func makeBucket(of path: String) {
         let bucket = (path as NSString).deletingLastPathComponent
-        if mkdir(bucket, 0o700) == 0 { OperationLog.syncDirectory(of: bucket) }
+        if mkdir(bucket, 0o700) == 0 { try? LinuxCalls.syncDirectory((bucket as NSString).deletingLastPathComponent) }
     }
 
     /// Retire the cache file of `ino`, a node just dropped (nothing uses it):

@@ -214,21 +214,11 @@ final class OperationLog: @unchecked Sendable {
             _ = rename(previousPath, path)
             return
         }
-        Self.syncDirectory(of: path)
+        try? LinuxCalls.syncDirectory((path as NSString).deletingLastPathComponent)
         close(fd)
         fd = newFD
         previousLastSeq = lastSeq
         size = 0
-    }
-
-    /// `fsync` the folder holding `path` (its entries: a file created,
-    /// renamed or removed there). False if it could not be done.
-    @discardableResult
-    static func syncDirectory(of path: String) -> Bool {
-        let dir = open((path as NSString).deletingLastPathComponent, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
-        guard dir >= 0 else { return false }
-        defer { close(dir) }
-        return fsync(dir) == 0
     }
 
     static func encode(seq: UInt64, _ ops: [IndexOp]) -> [UInt8] {

@@ -196,10 +196,11 @@ public final class Replica: Sendable {
             guard fd >= 0 else { throw UbiquityError.posix("duplicate the operation log's descriptor") }
             defer { close(fd) }
             for path in cache.takeCreatedBuckets() {
-                let dir = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
-                guard dir >= 0 else { continue }   // removed meanwhile: nothing in it to keep
-                defer { close(dir) }
-                try syscallRetrying("fsync \(path)") { fsync(dir) }
+                do {
+                    try LinuxCalls.syncDirectory(path)
+                } catch let error as UbiquityError where error.errno == ENOENT {
+                    continue   // removed meanwhile: nothing in it to keep
+                }
             }
             try syscallRetrying("fdatasync \(log.path)") { fdatasync(fd) }
             syncedSeq = upTo

@@ -468,7 +468,7 @@ public final class FolderStore: Store {
         let url = journalBaseURL(container)
         try Self.publish(try JournalBaseFormat.encode(base), at: url, tmpDir: root.appendingPathComponent("tmp"), exclusive: false, mode: fileMode)
         // The new name durable before any record goes.
-        try Self.syncDirectory(url.deletingLastPathComponent())
+        try LinuxCalls.syncDirectory(url.deletingLastPathComponent().path)
     }
 
     public func removeRecord(container: String, seq: UInt64) throws {
@@ -483,13 +483,6 @@ public final class FolderStore: Store {
 
     static func removeIfPresent(_ url: URL) throws {
         guard unlink(url.path) == 0 || errno == ENOENT else { throw UbiquityError.posix("remove \(url.path)") }
-    }
-
-    static func syncDirectory(_ url: URL) throws {
-        let fd = open(url.path, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
-        guard fd >= 0 else { throw UbiquityError.posix("open \(url.path)") }
-        defer { close(fd) }
-        try syscallRetrying("fsync \(url.path)") { fsync(fd) }
     }
 
     /// One `syncfs(2)` of the store's filesystem makes every blob written

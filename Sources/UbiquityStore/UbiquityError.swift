@@ -59,6 +59,15 @@ public func syscallRetrying<T: BinaryInteger>(_ context: @autoclosure () -> Stri
 public enum LinuxCalls {
     public static func syncfs(_ fd: Int32) -> Int32 { ubq_syncfs(fd) }
 
+    /// `fsync` the folder `path`: its entries (a file created, renamed or
+    /// removed there) survive a power cut. `ENOENT` if it is gone.
+    public static func syncDirectory(_ path: String) throws {
+        let fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+        guard fd >= 0 else { throw UbiquityError.posix("open \(path)") }
+        defer { close(fd) }
+        try syscallRetrying("fsync \(path)") { fsync(fd) }
+    }
+
     /// The type of the file system holding `path` (statfs(2)'s magic
     /// number), or -1 with `errno` set.
     public static func filesystemType(_ path: String) -> Int { ubq_filesystem_type(path) }
