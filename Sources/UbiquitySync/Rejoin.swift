@@ -80,13 +80,13 @@ extension SyncEngine {
         }
         try recordPackLocations(in: parts)
         let authors = parts.reduce(into: [NodeID: String]()) { all, part in all.merge(part.authors) { $1 } }
-        let (difference, behind) = replica.withNamespace { ns in (Self.difference(from: parts, to: ns, device: record), ns.appliedSeq) }
+        let (difference, behind) = replica.withNamespace { ns in (Self.difference(from: parts, to: ns, snapshot: record), ns.appliedSeq) }
         guard behind < base else { return ReplicaChanges() }
         let release = observer.withLock({ $0 })?.pullWillChange { affectedPaths([difference]) }
         defer { release?() }
         let changes = replica.withNamespace { ns -> ReplicaChanges in
             // Worked out again under this lock: local work may have moved on meanwhile.
-            let difference = Self.difference(from: parts, to: ns, device: record)
+            let difference = Self.difference(from: parts, to: ns, snapshot: record)
             var applier = ChangeApplier(seq: base, deviceName: device.name)
             applier.snapshotAuthors = authors
             ns.entryHistory = EntryHistory()
@@ -104,7 +104,7 @@ extension SyncEngine {
 
     /// The change set that takes `ns` from what it last had from the store
     /// to the snapshot's state (see the type's comment).
-    static func difference(from parts: [SnapshotPart], to ns: Namespace, device record: SnapshotRecord) -> ChangeSet {
+    static func difference(from parts: [SnapshotPart], to ns: Namespace, snapshot record: SnapshotRecord) -> ChangeSet {
         struct Place: Hashable { var parent: NodeID; var name: FileName }
         let applied = ns.appliedSeq
         var states: [NodeID: NodeState] = [:]
