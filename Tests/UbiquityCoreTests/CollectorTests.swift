@@ -14,11 +14,20 @@ import Glibc
 /// The store's collector on a fast clock: two weeks of edits on two
 /// devices in a second.
 @Suite struct CollectorTests {
-    /// A wall clock the test moves, shared by the store and the devices.
+    /// A wall clock the test moves, shared by the store (whose clock it
+    /// keeps in step) and the devices.
     final class FakeClock: Sendable {
         let time = Lock(Date(timeIntervalSince1970: 1_800_000_000))
+        let store: InMemoryStore
+        init(store: InMemoryStore) {
+            self.store = store
+            store.clock.withLock { $0 = now }
+        }
         var now: Date { time.withLock { $0 } }
-        func advance(_ seconds: TimeInterval) { time.withLock { $0 += seconds } }
+        func advance(_ seconds: TimeInterval) {
+            let now = time.withLock { $0 += seconds; return $0 }
+            store.clock.withLock { $0 = now }
+        }
         var timespec: @Sendable () -> Timespec {
             { [self] in Timespec(nanoseconds: Int64(now.timeIntervalSince1970 * 1e9)) }
         }
@@ -36,9 +45,8 @@ import Glibc
     /// journal keeps the records of about the same time (a snapshot every
     /// 24 records), not all 336.
     @Test func twoWeeksOfEditsStayUnderTheBound() throws {
-        let clock = FakeClock()
         let store = InMemoryStore()
-        store.clock.withLock { $0 = clock.now }
+        let clock = FakeClock(store: store)
         let a = try TestDevice(store: store, name: "laptop", snapshotInterval: 24, clock: clock.timespec, retentionDays: 1)
         let b = try TestDevice(store: store, name: "desktop", clock: clock.timespec)
         defer { a.cleanUp(); b.cleanUp() }
@@ -64,7 +72,6 @@ import Glibc
             try a.engine.pull()
             a.engine.writeSnapshotIfDue()
             clock.advance(2 * Self.hour)
-            store.clock.withLock { $0 = clock.now }
             if step % 3 == 2 {
                 removed += try collector.run(now: clock.now, grace: 3 * Self.hour).removed
             }
@@ -100,10 +107,9 @@ import Glibc
     /// content pushed anew, deduplicated, after the collector read the
     /// journals) was kept alive by the push: the sweep leaves it.
     @Test func contentPushedAgainDuringARunIsNotRemoved() throws {
-        let clock = FakeClock()
         let memory = InMemoryStore()
         let store = FaultyStore(memory)
-        memory.clock.withLock { $0 = clock.now }
+        let clock = FakeClock(store: memory)
         let a = try TestDevice(store: store, name: "laptop", clock: clock.timespec, retentionDays: 1)
         defer { a.cleanUp() }
         let collector = Collector(store: store, logger: Logger(label: "test"))
@@ -113,11 +119,9 @@ import Glibc
         try a.fs.unlink(parent: Namespace.rootIno, name: "f.txt")
         try a.engine.drain(progress: { _, _ in })
         clock.advance(3 * 86_400)
-        memory.clock.withLock { $0 = clock.now }
         #expect(try collector.run(now: clock.now, grace: Self.hour).marked > 0)
         // The sweeping run reads the journals, then the same content is pushed again.
         clock.advance(2 * Self.hour)
-        memory.clock.withLock { $0 = clock.now }
         store.beforeListingBlobs.withLock { hook in
             hook = {
                 try a.write("g.txt", big)
@@ -136,9 +140,8 @@ import Glibc
     /// Emptying Recently Deleted lets the collector remove the content once
     /// the marking and the grace have passed; before, a deleted file restores.
     @Test func emptiedTrashIsCollected() throws {
-        let clock = FakeClock()
         let store = InMemoryStore()
-        store.clock.withLock { $0 = clock.now }
+        let clock = FakeClock(store: store)
         let a = try TestDevice(store: store, name: "laptop", clock: clock.timespec, retentionDays: 30)
         defer { a.cleanUp() }
         let collector = Collector(store: store, logger: Logger(label: "test"))
@@ -148,7 +151,6 @@ import Glibc
         try a.engine.drain(progress: { _, _ in })
         let before = store.blobBytes
         clock.advance(Self.hour)
-        store.clock.withLock { $0 = clock.now }
         _ = try collector.run(now: clock.now, grace: 0.5 * Self.hour)
         clock.advance(Self.hour)
         #expect(try collector.run(now: clock.now, grace: 0.5 * Self.hour).removed == 0, "within retention: kept")

@@ -22,16 +22,11 @@ import UbiquitySync
     /// copy, an edit over a deletion kept, renames and deletions there
     /// applied here).
     @Test func aDeviceAwayLongerThanTheRetentionPeriodRejoins() throws {
-        let clock = FakeClock()
         let store = InMemoryStore()
-        store.clock.withLock { $0 = clock.now }
+        let clock = FakeClock(store: store)
         let a = try TestDevice(store: store, name: "laptop", snapshotInterval: 4, clock: clock.timespec, retentionDays: 1)
         let b = try TestDevice(store: store, name: "desktop", clock: clock.timespec)
         defer { a.cleanUp(); b.cleanUp() }
-        func advance(_ seconds: TimeInterval) {
-            clock.advance(seconds)
-            store.clock.withLock { $0 = clock.now }
-        }
         for name in ["keep.txt", "both.txt", "gone-there.txt", "edited-here.txt", "renamed-there.txt"] {
             try a.write(name, "first \(name)\n")
         }
@@ -53,7 +48,7 @@ import UbiquitySync
             try a.write("both.txt", "laptop's both, day \(day)\n")
             try a.write("made-there-\(day).txt", "day \(day)\n")
             try a.engine.drain(progress: { _, _ in })
-            advance(Self.day)
+            clock.advance(Self.day)
         }
         try a.fs.unlink(parent: Namespace.rootIno, name: "gone-there.txt")
         try a.fs.unlink(parent: Namespace.rootIno, name: "edited-here.txt")
@@ -62,7 +57,7 @@ import UbiquitySync
         try a.fs.rmdir(parent: try a.resolve("d"), name: "e")
         try a.engine.drain(progress: { _, _ in })
         #expect(try a.engine.writeSnapshot() != nil)
-        advance(3 * Self.day)
+        clock.advance(3 * Self.day)
         try a.write("recent.txt", "within the period\n")
         try a.engine.drain(progress: { _, _ in })
 
@@ -100,9 +95,8 @@ import UbiquitySync
     /// the period still list and restore.
     @Test(arguments: [SyncEngine.defaultSnapshotInterval, 0])
     func aNewDeviceJoinsACompactedJournal(snapshotInterval: UInt64) throws {
-        let clock = FakeClock()
         let store = InMemoryStore()
-        store.clock.withLock { $0 = clock.now }
+        let clock = FakeClock(store: store)
         let a = try TestDevice(store: store, name: "laptop", snapshotInterval: 3, clock: clock.timespec, retentionDays: 1)
         defer { a.cleanUp() }
         for round in 0..<8 {
@@ -112,7 +106,6 @@ import UbiquitySync
             a.engine.writeSnapshotIfDue()
         }
         clock.advance(3 * Self.day)
-        store.clock.withLock { $0 = clock.now }
         try a.write("f0.txt", "recent\n")
         try a.engine.drain(progress: { _, _ in })
         let report = try Collector(store: store, logger: Logger(label: "test")).run(now: clock.now, grace: 3600)
