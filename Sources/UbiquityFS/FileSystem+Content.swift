@@ -287,17 +287,15 @@ extension FileSystem {
                 kernelIO = chooseKernelIO(node, fd: fd, localReader: expected != nil && !writable, writable: writable, backing: backing)
             }
             let now = MonotonicClock.now()
-            var result: (UInt32, Bool) = (0, true)
             ns.updateRuntime(ino) {
                 $0.openCount += 1
                 $0.lastAccess = AccessClock.now()
                 if writable { $0.openWriters += 1 }
-                result.0 = $0.contentEpoch
             }
             // Keep the kernel's pages only if they were filled from this very content.
-            result.1 = kernel.opened(node) && streaming == nil
-            if writable && expected != nil { changeContent(ino, in: &ns) { $0.beginContentChange(ino, monotonic: now) } }
-            return result
+            let keepCache = kernel.opened(node) && streaming == nil
+            if writable && expected != nil { changeContent(ino, from: node, in: &ns) { $0.beginContentChange(ino, monotonic: now) } }
+            return (node.contentEpoch, keepCache)
         }
         guard let (epoch, keepCache) = counted else { return nil }
         let handle = handles.withLock { table in
@@ -455,7 +453,7 @@ extension FileSystem {
         replica.withNamespace { ns in
             ns.endWrite(file.ino)
             guard let node = ns.node(file.ino) else { return }
-            changeContent(file.ino, in: &ns) { $0.contentChanged(file.ino, size: max(node.size, end), time: now, monotonic: monotonic) }
+            changeContent(file.ino, from: node, in: &ns) { $0.contentChanged(file.ino, size: max(node.size, end), time: now, monotonic: monotonic) }
         }
         return written
     }
@@ -522,7 +520,7 @@ extension FileSystem {
         replica.withNamespace { ns in
             ns.endWrite(file.ino)
             guard let node = ns.node(file.ino), end > node.size else { return }
-            changeContent(file.ino, in: &ns) { $0.contentChanged(file.ino, size: end, time: now, monotonic: MonotonicClock.now()) }
+            changeContent(file.ino, from: node, in: &ns) { $0.contentChanged(file.ino, size: end, time: now, monotonic: MonotonicClock.now()) }
         }
     }
 

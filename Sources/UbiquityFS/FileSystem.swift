@@ -198,9 +198,10 @@ public final class FileSystem: Sendable {
 
     /// Change the content of `ino` through this view (under the namespace
     /// lock): this kernel's pages that were current stay current, every
-    /// other view's become stale (`KernelReferences`).
-    func changeContent(_ ino: UInt64, in ns: inout Namespace, _ change: (inout Namespace) -> Void) {
-        guard let before = ns.node(ino) else { return change(&ns) }
+    /// other view's become stale (`KernelReferences`). `node`: the node as it
+    /// is now, if the caller holds it already (a write: spares a lookup).
+    func changeContent(_ ino: UInt64, from node: LocalNode? = nil, in ns: inout Namespace, _ change: (inout Namespace) -> Void) {
+        guard let before = node ?? ns.node(ino) else { return change(&ns) }
         change(&ns)
         if let after = ns.node(ino) { kernel.changedHere(ino, from: KernelReferences.CachedContent(before), to: after) }
     }
