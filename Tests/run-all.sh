@@ -36,7 +36,14 @@ export UBIQUITYFS_TEST_S3_SERVERS="$(IFS=,; echo "${servers[*]}")"
 
 swift build --build-tests
 swift test --skip-build
-# Installing: the mount helpers (mount -t / fstab / umount), the systemd user service, the unit file.
+# The Debian package, made from the debug build above (relinked with the Swift runtime
+# inside: about 3 minutes, where a release build takes 9-15); test_deb.py inspects it,
+# installs it with apt-get, mounts through its helper and purges it.
+build_dir="$(mktemp -d /tmp/ubq-deb.XXXXXX)"
+trap 'stop_servers; rm -rf "$build_dir"' EXIT
+bash Packaging/deb/build.sh --debug --no-lintian --out "$build_dir"
+export UBQ_DEB="$(ls "$build_dir"/ubiquityfs_*.deb)"
+# Installing: the package; the mount helpers (mount -t / fstab / umount), the systemd user service, the unit file.
 python3 -m pytest -q -p no:cacheprovider Tests/packaging "$@"
 python3 -m pytest -q -p no:cacheprovider Tests/servers Tests/posix Tests/mount "$@"
 # The file manager's extension (Packaging/nautilus): a stub and the real GObject

@@ -4,7 +4,12 @@
 #                                        systemd user unit, man pages, shell completions
 #   ubiquityfs-nautilus_VERSION_all.deb  the Nautilus extension (emblems and menu)
 #
-#   bash Packaging/deb/build.sh [--out DIR] [--no-lintian]
+#   bash Packaging/deb/build.sh [--out DIR] [--no-lintian] [--debug]
+#
+# --debug packages the debug build the tests use (.build/debug, relinked with
+# the Swift runtime inside: seconds instead of a release build's minutes). CI
+# does that (Tests/run-all.sh) to check the packaging end to end; what users
+# get is the release build.
 #
 # Needs the Swift toolchain (/opt/swift) and the build and package tools:
 # `bash Packaging/install-deps.sh build package`. The first build takes about
@@ -18,17 +23,18 @@ repo="$(cd "$(dirname "$0")/../.." && pwd)"
 here="$repo/Packaging"
 out="$repo/.build-pkg"
 lintian=yes
+config=release
 while [ $# -gt 0 ]; do
   case "$1" in
     --out) out="$2"; shift 2 ;;
     --out=*) out="${1#--out=}"; shift ;;
     --no-lintian) lintian=no; shift ;;
-    -h|--help) sed -n '2,16s/^# \{0,1\}//p' "$0"; exit 0 ;;
+    --debug) config=debug; shift ;;
+    -h|--help) sed -n '2,22s/^# \{0,1\}//p' "$0"; exit 0 ;;
     *) echo "build.sh: unknown argument '$1'" >&2; exit 64 ;;
   esac
 done
 export PATH="/opt/swift/usr/bin:$PATH"
-scratch="$repo/.build-release"
 for tool in swift dpkg-deb dpkg-shlibdeps readelf strip gzip; do
   command -v "$tool" >/dev/null || { echo "build.sh: $tool is missing (bash Packaging/install-deps.sh build package)" >&2; exit 1; }
 done
@@ -40,9 +46,24 @@ arch="$(dpkg --print-architecture)"
 start=$SECONDS
 
 # 1. The binary, with the Swift runtime and Foundation linked in.
-echo "build.sh: swift build -c release --static-swift-stdlib"
-swift build -c release --static-swift-stdlib --scratch-path "$scratch" --product ubiquityfs -Xlinker -z -Xlinker now
-bin="$scratch/release/ubiquityfs"
+if [ "$config" = release ]; then
+  scratch="$repo/.build-release"
+  echo "build.sh: swift build -c release --static-swift-stdlib"
+  swift build -c release --static-swift-stdlib --scratch-path "$scratch" --product ubiquityfs -Xlinker -z -Xlinker now
+else
+  # A debug link does not put Foundation's static archives in an order that
+  # resolves (undefined ICU, CShims and CoreFoundation symbols); name them, each
+  # before what it uses. The next plain `swift build` links it dynamically again.
+  scratch="$repo/.build"
+  foundation=()
+  for lib in Foundation CoreFoundation FoundationInternationalization FoundationEssentials \
+             _FoundationICU _FoundationCShims _FoundationCollections swiftDispatch dispatch BlocksRuntime; do
+    foundation+=(-Xlinker "-l$lib")
+  done
+  echo "build.sh: swift build --static-swift-stdlib (debug)"
+  swift build --static-swift-stdlib --scratch-path "$scratch" --product ubiquityfs -Xlinker -z -Xlinker now "${foundation[@]}"
+fi
+bin="$scratch/$config/ubiquityfs"
 if readelf -d "$bin" | grep -E 'NEEDED.*\[(libswift|libFoundation|lib_Foundation|libdispatch|libBlocksRuntime)'; then
   echo "build.sh: $bin still needs the Swift runtime (above)" >&2; exit 1
 fi

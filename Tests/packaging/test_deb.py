@@ -1,5 +1,6 @@
 """The Debian package built by Packaging/deb/build.sh (not built here: it takes
-minutes). Run after a build:
+minutes; Tests/run-all.sh builds one from the debug build with `build.sh
+--debug` first). Run after a build:
 
     bash Packaging/deb/build.sh && python3 -m pytest -q Tests/packaging/test_deb.py
 
