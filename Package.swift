@@ -72,7 +72,9 @@ let package = Package(
             swiftSettings: swiftSettings),
         .target(name: "UbiquityProtocol", swiftSettings: swiftSettings),
         // Talks to the daemon only through UbiquityProtocol: no libfuse, SQLite or daemon code.
-        .target(name: "UbiquityKit", dependencies: ["UbiquityLocks", "UbiquityProtocol", "UbiquityLocator"], swiftSettings: swiftSettings),
+        // Apple's NSPredicate and NSSortDescriptor, which UbiquityKit re-exports by name (they win over Foundation's).
+        .target(name: "UbiquityPredicates", swiftSettings: swiftSettings),
+        .target(name: "UbiquityKit", dependencies: ["UbiquityLocks", "UbiquityProtocol", "UbiquityLocator", "UbiquityPredicates"], swiftSettings: swiftSettings),
         .target(
             name: "UbiquityDaemon",
             dependencies: [

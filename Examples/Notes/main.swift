@@ -23,6 +23,7 @@
 //   ubiquitykit-notes [--container ID] revert NAME N
 //       make earlier version N (from `history`) the note's text, on every device
 //   ubiquitykit-notes [--container ID] delete NAME
+import Foundation
 import UbiquityKit
 
 /// A line on standard output, at once (a pipe would hold `print`'s lines back).

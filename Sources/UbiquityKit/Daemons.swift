@@ -1,4 +1,10 @@
 @_exported import Foundation
+// Foundation on Linux declares these three with the initialisers Apple's code
+// calls marked unavailable: UbiquityKit's own, re-exported by name, take
+// precedence in its users' files (see UbiquityPredicates/Predicate.swift).
+@_exported import class UbiquityPredicates.NSPredicate
+@_exported import class UbiquityPredicates.NSCompoundPredicate
+@_exported import class UbiquityPredicates.NSSortDescriptor
 import UbiquityLocks
 import UbiquityLocator
 import UbiquityProtocol

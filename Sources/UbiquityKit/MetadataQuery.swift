@@ -1,3 +1,4 @@
+import UbiquityPredicates
 import UbiquityLocks
 import UbiquityLocator
 import UbiquityProtocol

@@ -1,3 +1,4 @@
+import Foundation   // as in an app's file: Foundation's NSPredicate and NSSortDescriptor must not make these ambiguous
 import Testing
 import UbiquityKit
 
@@ -33,5 +34,21 @@ import UbiquityKit
         #expect(NSSortDescriptor(key: NSMetadataItemFSSizeKey, ascending: false).reversedSortDescriptor.ascending)
         #expect(NSMetadataItemURLKey == "kMDItemURL" && NSMetadataItemFSNameKey == "kMDItemFSName")
         #expect(NSNotification.Name.NSMetadataQueryDidUpdate.rawValue == "NSMetadataQueryDidUpdateNotification")
+    }
+
+    /// The names in type position, in a file that imports Foundation too (the
+    /// seeds' `ItemQuery` declares `predicate: NSPredicate?` and
+    /// `sortDescriptors: [NSSortDescriptor]`): they are UbiquityKit's.
+    @Test func typeNamesAreUbiquityKitsBesideFoundation() {
+        let predicate: NSPredicate? = NSPredicate(value: false)
+        let compound: NSCompoundPredicate = NSCompoundPredicate(notPredicateWithSubpredicate: predicate!)
+        let sorts: [NSSortDescriptor] = [NSSortDescriptor(key: NSMetadataItemFSNameKey, ascending: true)]
+        let query = NSMetadataQuery()
+        query.predicate = compound
+        query.sortDescriptors = sorts
+        #expect(query.predicate?.predicateFormat == "NOT (FALSEPREDICATE)")
+        #expect(query.sortDescriptors.first?.key == "kMDItemFSName")
+        query.predicate = NSPredicate(format: "%K LIKE '*.txt'", NSMetadataItemFSNameKey)   // Foundation's is unavailable
+        #expect(query.predicate?.predicateFormat == "kMDItemFSName LIKE '*.txt'")
     }
 }

@@ -1,8 +1,13 @@
+@_exported import Foundation   // so that these shadow Foundation's classes of the same names in expressions too
+
 /// `NSPredicate(format:)` and `NSSortDescriptor(key:ascending:)`, which
 /// swift-corelibs-foundation marks unavailable. These classes are
-/// UbiquityKit's own: in a file that imports UbiquityKit (which re-exports
-/// Foundation) the names find these first, so Apple's code compiles as it
-/// is. They are what `NSMetadataQuery` takes; the format is handed to the
+/// UbiquityKit's own, in a module of their own so that UbiquityKit can
+/// re-export each by name (`@_exported import class`): a scoped import wins
+/// over Foundation's whole-module one, so in a file that imports UbiquityKit
+/// the names find these, also where the file imports Foundation too (a class
+/// declared in UbiquityKit itself would be ambiguous there), and Apple's code
+/// compiles as it is. They are what `NSMetadataQuery` takes; the format is handed to the
 /// daemon's query language (docs/SEMANTICS.md, "Metadata query"), which reads
 /// Apple's syntax: comparisons (`==`, `!=`, `<`, `>`, `<=`, `>=`, `LIKE`,
 /// `BEGINSWITH`, `ENDSWITH`, `CONTAINS`, `MATCHES`, `IN`, `BETWEEN`, with
@@ -119,7 +124,7 @@ open class NSPredicate: NSObject, @unchecked Sendable {
         }
     }
 
-    static func quoted(_ s: String) -> String {
+    package static func quoted(_ s: String) -> String {
         "\"" + s.replacingOccurrences(of: "\\", with: "\\\\").replacingOccurrences(of: "\"", with: "\\\"") + "\""
     }
 }
@@ -155,5 +160,5 @@ open class NSSortDescriptor: NSObject, @unchecked Sendable {
     open var reversedSortDescriptor: NSSortDescriptor { NSSortDescriptor(key: key, ascending: !ascending) }
 
     /// The daemon's spelling: `KEY`, or `-KEY` descending.
-    var queryKey: String? { key.map { (ascending ? "" : "-") + $0 } }
+    package var queryKey: String? { key.map { (ascending ? "" : "-") + $0 } }
 }
