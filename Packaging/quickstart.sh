@@ -27,7 +27,7 @@ else
   bash "$repo/Packaging/install-deps.sh" runtime build   # nothing that only the tests need
   (cd "$repo" && swift build -c release --product ubiquityfs)
   bin="$repo/.build/release/ubiquityfs"
-  if [ -w /usr/local/bin ]; then ln -sf "$bin" /usr/local/bin/ubiquityfs; bin=ubiquityfs; fi
+  if [ -w /usr/local/bin ]; then ln -sf "$bin" /usr/local/bin/ubiquityfs; bin=/usr/local/bin/ubiquityfs; fi
 fi
 mkdir -p "$1"
 exec "$bin" mount "$@"
