@@ -95,7 +95,7 @@ let package = Package(
         // Stores for tests (in memory, with injected faults): never in the product.
         .target(name: "UbiquityTesting", dependencies: ["UbiquityStore", "UbiquityLocks"], swiftSettings: swiftSettings),
         // The command with fault injection (UBIQUITYFS_FAULTS) for the mount tests: built, never installed.
-        .executableTarget(name: "ubiquityfs-testing", dependencies: ["UbiquityCLI", "UbiquityDaemon", "UbiquityTesting"],
+        .executableTarget(name: "ubiquityfs-testing", dependencies: ["UbiquityCLI", "UbiquityDaemon", "UbiquityReplica", "UbiquityTesting"],
                           path: "Tests/ubiquityfs-testing", swiftSettings: swiftSettings),
         // The seeds' samples on UbiquityKit (docs/UBIQUITYKIT.md); Swift 5 mode, as the seeds were written.
         .executableTarget(name: "ubiquitykit-item-query", dependencies: ["UbiquityKit"], path: "Examples/ItemQuery",

@@ -496,6 +496,7 @@ package final class Daemon: Sendable {
                 if unused {
                     do {
                         try host.replica.commitAndCheckpoint()
+                        try host.replica.closedCleanly()
                     } catch {
                         recordError("\(host.id): the index could not take everything at close (\(error)); the operation log keeps it, and the next mount replays it")
                     }

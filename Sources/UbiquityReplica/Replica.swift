@@ -13,7 +13,8 @@ import Glibc
 /// `cache/XX/INO` (content by inode number),
 /// `cache/BUCKET/INO.VERSION.part` (downloads in progress), `spare/N` (emptied
 /// cache files for new files to take, see `SpareCacheFiles`), `reserve` (space
-/// set aside, see `SpaceReserve`), `daemon.log`, `lock`.
+/// set aside, see `SpaceReserve`), `daemon.log`, `lock` (`PID BOOT` while a daemon has it
+/// open, see `openedAfterSystemCrash`).
 ///
 /// **Changes and the index.** A change the user makes (a new item, a move,
 /// a removal, new metadata) runs as a `transaction`: it is applied to the
@@ -52,6 +53,20 @@ public final class Replica: Sendable {
     let synced = Lock<UInt64>(0)
     let lockFD: Int32
     let lockReleased = Lock(false)
+    /// The machine went down (a power cut, a kernel crash) while this
+    /// replica was open the last time: its lock file still names another
+    /// boot. Writes to cache files that were never synced may then have
+    /// reached the disk while the operation log records describing them did
+    /// not, so a local copy the index calls the store's version may differ
+    /// from it: `SyncEngine.recoverInterruptedWrites` checks them all.
+    public let openedAfterSystemCrash: Bool
+    /// This boot's identity (`/proc/sys/kernel/random/boot_id`), written into
+    /// the lock file while the replica is open. The testing command replaces
+    /// it, so that a simulated power cut is a new boot.
+    public static let bootIdentity = Lock<@Sendable () -> String>({
+        ((try? String(contentsOfFile: "/proc/sys/kernel/random/boot_id", encoding: .utf8)) ?? "")
+            .trimmingCharacters(in: .whitespacesAndNewlines)
+    })
     let reserve: SpaceReserve
     /// Past this size the operation log's current segment is emptied or rotated.
     let logSegmentSize: Int
@@ -78,19 +93,33 @@ public final class Replica: Sendable {
             throw UbiquityError(EACCES, "cannot create replica \(directory.path): \(error.localizedDescription)")
         }
         Self.makePrivate(directory.path, mode: 0o700)
+        // The lock file holds "PID BOOT" while a daemon has the replica open,
+        // and nothing once it closed it cleanly (`closedCleanly`).
         let lockPath = directory.appendingPathComponent("lock").path
+        let lockExisted = fm.fileExists(atPath: lockPath)
         let lockFD = try syscallRetrying("open \(lockPath)") { open(lockPath, O_RDWR | O_CREAT | O_CLOEXEC, 0o600) }
         self.lockFD = lockFD
-        if flock(lockFD, LOCK_EX | LOCK_NB) != 0 {
-            var buffer = [UInt8](repeating: 0, count: 32)
-            let n = pread(lockFD, &buffer, 31, 0)
-            let holder = n > 0 ? String(decoding: buffer[0..<n], as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines) : "?"
-            close(lockFD)
-            throw UbiquityError(EBUSY, "replica \(directory.path) is in use by another ubiquityfs daemon (pid \(holder))")
+        var buffer = [UInt8](repeating: 0, count: 128)
+        let n = pread(lockFD, &buffer, 127, 0)
+        let holder = (n > 0 ? String(decoding: buffer[0..<n], as: UTF8.self) : "").split(separator: " ").map {
+            $0.trimmingCharacters(in: .whitespacesAndNewlines)
         }
-        let pid = "\(getpid())\n"
+        if flock(lockFD, LOCK_EX | LOCK_NB) != 0 {
+            close(lockFD)
+            throw UbiquityError(EBUSY, "replica \(directory.path) is in use by another ubiquityfs daemon (pid \(holder.first ?? "?"))")
+        }
+        let boot = Self.bootIdentity.withLock { $0 }()
+        openedAfterSystemCrash = holder.count > 1 && holder[1] != boot
+        // Synced, so that a power cut from now on finds it.
         ftruncate(lockFD, 0)
-        _ = pid.withCString { pwrite(lockFD, $0, strlen($0), 0) }
+        _ = "\(getpid()) \(boot)\n".withCString { pwrite(lockFD, $0, strlen($0), 0) }
+        do {
+            try syscallRetrying("fsync \(lockPath)") { fsync(lockFD) }
+            if !lockExisted { try LinuxCalls.syncDirectory(directory.path) }
+        } catch {
+            close(lockFD)
+            throw error
+        }
 
         cache = ContentCache(replicaDirectory: directory, sparesAhead: sparesAhead)
 
@@ -223,6 +252,17 @@ public final class Replica: Sendable {
     static func makePrivate(_ path: String, mode: mode_t) {
         var st = stat()
         if stat(path, &st) == 0, st.st_uid == geteuid(), st.st_mode & 0o077 != 0 { chmod(path, mode) }
+    }
+
+    /// The replica is closed cleanly (after `commitAndCheckpoint`): every
+    /// cache file is synced (`syncfs` of the replica's filesystem) and the
+    /// lock file no longer names a boot, so the next open after a restart of
+    /// the machine trusts the local copies. If the sync fails the boot stays,
+    /// and they are checked.
+    public func closedCleanly() throws {
+        try syscallRetrying("syncfs \(directory.path)") { LinuxCalls.syncfs(lockFD) }
+        try syscallRetrying("truncate \(directory.path)/lock") { ftruncate(lockFD, 0) }
+        try syscallRetrying("fsync \(directory.path)/lock") { fsync(lockFD) }
     }
 
     /// Let another daemon open this replica (the daemon is done with it).

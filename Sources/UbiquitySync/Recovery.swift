@@ -27,12 +27,21 @@ import UbiquityStore
 /// unlinked files (their deletion is pushed). What `close`/`fsync`
 /// acknowledged before the crash is in the recovered copy (with the
 /// unacknowledged writes made after it): the name holds what the store held.
+///
+/// The mark is written to the operation log before the first write, but not
+/// synced (that would cost a disk flush per write session): a daemon that
+/// dies leaves it in the page cache, but a power cut may keep the file's new
+/// bytes and lose the mark. So when the machine went down while the replica
+/// was open (`Replica.openedAfterSystemCrash`), every local copy the index
+/// calls the store's version is hashed first, and one that is not that
+/// version is marked and split like the others.
 extension SyncEngine {
     /// Split every file the daemon was writing when it died (see above).
     /// Call once, after opening the replica and before pulling, pushing or
     /// serving it. Returns the inodes of the recovered copies.
     @discardableResult
     public func recoverInterruptedWrites(date: Date = Date()) throws -> [UInt64] {
+        if replica.openedAfterSystemCrash { try markCopiesThatAreNotTheStoresVersion() }
         let marked = replica.withNamespace { ns in ns.nodes.values.filter(\.unacknowledgedWrites).map(\.ino).sorted() }
         guard !marked.isEmpty else { return [] }
         var copies: [UInt64] = []
@@ -87,6 +96,28 @@ extension SyncEngine {
         try replica.persist()
         for ino in refresh { startDownload(ino: ino, background: true) }
         return copies
+    }
+
+    /// After a power cut: mark every local copy that should be the store's
+    /// version but is not (see above).
+    func markCopiesThatAreNotTheStoresVersion() throws {
+        let started = Date()
+        let clean = replica.withNamespace { ns in
+            ns.nodes.values.filter {
+                $0.kind == .file && $0.hasContent && !$0.unlinked && $0.version > 0
+                    && !$0.hasUnpushedContent && !$0.unacknowledgedWrites
+            }
+        }
+        var checked = 0, bytes: UInt64 = 0, differing = 0
+        for node in clean {
+            checked += 1
+            bytes += node.hashSize
+            guard !localCopyIsGoodVersion(node) else { continue }
+            differing += 1
+            replica.withNamespace { ns in ns.update(node.ino, local: false) { $0.unacknowledgedWrites = true } }
+        }
+        try replica.persist()
+        logger.warning("the machine went down while this replica was open: checked \(checked) local copies (\(bytes) bytes) against the store's versions in \(String(format: "%.1f", Date().timeIntervalSince(started))) s; \(differing) differed and are kept as recovered copies")
     }
 
     /// The local copy of `node` is its last synced version (`hash`): opened

@@ -34,6 +34,8 @@ REPO = Path(__file__).resolve().parents[2]
 BIN = Path(os.environ.get("UBIQUITYFS_BIN") or REPO / ".build" / "debug" / "ubiquityfs")
 # The same command with fault injection (UBIQUITYFS_FAULTS): mounts that set it run this one.
 TESTING_BIN = Path(os.environ.get("UBIQUITYFS_TESTING_BIN") or BIN.with_name("ubiquityfs-testing"))
+# What only the testing command reads (Tests/ubiquityfs-testing): a command given one of these runs it.
+TESTING_ENV = {"UBIQUITYFS_FAULTS", "UBIQUITYFS_TEST_BOOT_ID"}
 # The control protocol the binary speaks (docs/PROTOCOL.md), for tests that talk to a daemon's socket directly.
 CONTROL_PROTOCOL = "1.3"
 PLAIN = os.environ.get("UBQ_TEST_PLAIN", "") == "1"
@@ -337,7 +339,7 @@ class Device:
         n = len(self.history)
         out_path = self.logdir / f"{n:02d}-{args[0]}.stdout"
         err_path = self.logdir / f"{n:02d}-{args[0]}.stderr"
-        faulty = "UBIQUITYFS_FAULTS" in (extra_env or {})
+        faulty = bool(TESTING_ENV & set(extra_env or {}))
         argv = [str(TESTING_BIN if faulty else BIN), *map(str, args)]
         start = time.monotonic()
         with open(out_path, "wb") as out, open(err_path, "wb") as err:
@@ -692,9 +694,10 @@ class LazyFS:
         self.log.flush()
         return Path(self.log.name).read_text(errors="replace")
 
-    def cut(self) -> dict:
-        """The power cut: every file's data goes back to what it was at its last fsync."""
-        return self._client.request(str(self.control), "cut")
+    def cut(self, keep: str | None = None) -> dict:
+        """The power cut: every file's data goes back to what it was at its last fsync
+        (except files whose path has `keep` in it: as if the disk had written them back)."""
+        return self._client.request(str(self.control), f"cut {keep}" if keep else "cut")
 
     def sync(self) -> dict:
         """Everything written so far becomes durable."""

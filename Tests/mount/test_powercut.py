@@ -40,7 +40,7 @@ import pytest
 
 from conftest import run
 from test_passthrough import drop_caches, need_passthrough, passing_through, reads_reaching, tracefs  # noqa: F401
-from test_sync import eventually, wait_pushed
+from test_sync import eventually, store_link, wait_offline, wait_pushed  # noqa: F401 (store_link: a fixture)
 
 pytestmark = pytest.mark.daemon
 
@@ -369,6 +369,45 @@ def test_changes_pushed_before_the_cut_stay_in_step_with_the_store(lazy_device, 
         assert (root / "folder/pushed.bin").read_bytes() == data
 
     eventually(same_on_this_device, 10, 0.2, "the device that pushed folder/pushed.bin shows it again")
+
+
+def test_a_rewrite_whose_mark_the_cut_lost_is_not_taken_for_the_stores_version(lazyfs, make_device, store_link):
+    """The disk wrote back a pushed file's new bytes (its cache file) but not the
+    operation log record that marked the rewrite, which was never synced. After
+    the cut, a restart of the machine, the device must not take those bytes for
+    the store's version, which would show them here for ever and push them never:
+    it checks its local copies, the name gets the store's version back and the
+    bytes are kept as a recovered copy, on every device."""
+    a = make_device("a", store=store_link.path, data_home=lazyfs.mountpoint / "data", mount=False)
+    a.mount_env = {"UBIQUITYFS_TEST_BOOT_ID": "boot-1"}
+    a.mount()
+    b = make_device("b")
+    root, other = Path(a.mountpoint), Path(b.mountpoint)
+    old, new = pattern("OLD ", 300 * KiB), pattern("NEW ", 200 * KiB)
+    write_synced(root / "big.bin", old)
+    wait_pushed(a)
+    lazyfs.sync()
+    store_link.cut()            # nothing of the rewrite reaches the store before the cut
+    wait_offline(a)
+    write_unsynced(root / "big.bin", new)
+
+    a.kill9()
+    result = lazyfs.cut(keep="/cache/")
+    assert result["kept"] >= 1, result
+    a.mount_env = {"UBIQUITYFS_TEST_BOOT_ID": "boot-2"}
+    a.mount()
+    store_link.restore()
+
+    def settled():
+        here, there = sorted(os.listdir(root)), sorted(os.listdir(other))
+        assert here == there and len(here) == 2, (here, there)
+        copy = next(n for n in here if "recovered copy" in n)
+        for folder in (root, other):
+            assert (folder / "big.bin").read_bytes() == old, f"{folder}: big.bin is not the store's version"
+            assert (folder / copy).read_bytes() == new, f"{folder}: {copy} is not what was written"
+
+    eventually(settled, 30, 0.5, "both devices show the store's big.bin and the rewrite as a recovered copy")
+    assert "the machine went down while this replica was open" in daemon_log(a)
 
 
 def test_the_daemon_reads_its_cache_files_on_lazyfs_by_passthrough(lazy_device):

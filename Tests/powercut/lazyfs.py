@@ -36,10 +36,12 @@ Control, while mounted (the control socket lives outside the mount):
 
     lazyfs.py serve BACKING MOUNTPOINT [--control SOCKET]   # foreground; prints "lazyfs: ready" once mounted
     lazyfs.py cut SOCKET      # the power cut: unsynced data is lost; prints what was reverted
+                              # ("cut KEEP" on the socket keeps the unsynced data of files whose
+                              # path has KEEP in it: the disk wrote those back, not the others)
     lazyfs.py sync SOCKET     # everything is made durable (as sync(1) would)
     lazyfs.py status SOCKET   # how many files have unsynced data, and how much was saved to undo it
 
-The socket takes one line ("cut", "sync", "status" or "stop") and answers one
+The socket takes one line ("cut", "cut KEEP", "sync", "status" or "stop") and answers one
 line of JSON once the command is done (`request()` below is the client, usable
 without pyfuse3). Signals do the same asynchronously: SIGUSR1 cuts, SIGUSR2
 syncs, SIGTERM/SIGINT unmount and exit. The default SOCKET is
@@ -298,9 +300,12 @@ def serve(backing: str, mountpoint: str, control: str, debug: bool = False) -> i
             self.shadows.clear()
             return {"made_durable": n}
 
-        def cut(self) -> dict:
-            """The power cut: every file goes back to its durable content."""
-            reverted, gone, inodes, files = 0, 0, [], []
+        def cut(self, keep: str | None = None) -> dict:
+            """The power cut: every file goes back to its durable content, except
+            files whose path (relative to BACKING) has `keep` in it, whose unsynced
+            writes the disk is taken to have written back before the cut (a disk
+            writes back in any order: the data of one file, not the records of another)."""
+            reverted, gone, kept, inodes, files = 0, 0, 0, [], []
             for key, sh in self.shadows.items():
                 try:
                     if os.fstat(sh.fd).st_nlink == 0:
@@ -309,6 +314,9 @@ def serve(backing: str, mountpoint: str, control: str, debug: bool = False) -> i
                     size = os.fstat(sh.fd).st_size
                     if not sh.saved and size == sh.size:
                         continue            # nothing to undo (created, or extended then cut back)
+                    if keep and keep in self.path_of(sh.fd):
+                        kept += 1
+                        continue
                     files.append({"path": self.path_of(sh.fd), "size": size, "durable_size": sh.size})
                     self.restore(sh)
                     reverted += 1
@@ -320,7 +328,8 @@ def serve(backing: str, mountpoint: str, control: str, debug: bool = False) -> i
             self.shadows.clear()
             self.cuts += 1
             self.reverted_total += reverted
-            return {"reverted": reverted, "unlinked": gone, "inodes": inodes, "files": sorted(files, key=lambda f: f["path"])}
+            return {"reverted": reverted, "unlinked": gone, "kept": kept, "inodes": inodes,
+                    "files": sorted(files, key=lambda f: f["path"])}
 
         def path_of(self, fd) -> str:
             """Where an inode is now, relative to BACKING (for reports)."""
@@ -684,8 +693,8 @@ def serve(backing: str, mountpoint: str, control: str, debug: bool = False) -> i
         await trio.to_thread.run_sync(run)
 
     async def command(line: str) -> dict:
-        if line == "cut":
-            result = fs.cut()
+        if line == "cut" or line.startswith("cut "):
+            result = fs.cut(keep=line[4:] or None)
             await forget_cached(result["inodes"])
             return {"ok": True, **result}
         if line == "sync":
@@ -695,7 +704,7 @@ def serve(backing: str, mountpoint: str, control: str, debug: bool = False) -> i
         if line == "stop":
             pyfuse3.terminate()
             return {"ok": True}
-        return {"ok": False, "error": f"unknown command {line!r} (cut, sync, status, stop)"}
+        return {"ok": False, "error": f"unknown command {line!r} (cut [KEEP], sync, status, stop)"}
 
     async def client(conn):
         with conn:

@@ -4,11 +4,18 @@
 //
 // UBIQUITYFS_FAULTS=fetch-delay=SECONDS makes every blob fetch slow,
 // journal-delay=SECONDS every journal read (comma-separated).
+// UBIQUITYFS_TEST_BOOT_ID=ID is the machine's boot identity (a simulated
+// power cut then counts as a restart of the machine: Replica.openedAfterSystemCrash).
 import Foundation
 import UbiquityCLI
 import UbiquityDaemon
+import UbiquityReplica
 import UbiquityStore
 import UbiquityTesting
+
+if let boot = ProcessInfo.processInfo.environment["UBIQUITYFS_TEST_BOOT_ID"], !boot.isEmpty {
+    Replica.bootIdentity.withLock { $0 = { boot } }
+}
 
 if let spec = ProcessInfo.processInfo.environment["UBIQUITYFS_FAULTS"], !spec.isEmpty {
     var fetchDelay: Double?
