@@ -37,7 +37,7 @@ export UBIQUITYFS_TEST_S3_SERVERS="$(IFS=,; echo "${servers[*]}")"
 swift build --build-tests
 swift test --skip-build
 # The Debian package, made from the debug build above (relinked with the Swift runtime
-# inside: about 3 minutes, where a release build takes 9-15); test_deb.py inspects it,
+# inside: 72 s here, where a release build takes 9-15 minutes); test_deb.py inspects it,
 # installs it with apt-get, mounts through its helper and purges it.
 build_dir="$(mktemp -d /tmp/ubq-deb.XXXXXX)"
 trap 'stop_servers; rm -rf "$build_dir"' EXIT
