@@ -110,11 +110,11 @@ public final class Replica: Sendable {
         }
         let boot = Self.bootIdentity.withLock { $0 }()
         openedAfterSystemCrash = holder.count > 1 && holder[1] != boot
-        // Synced, so that a power cut from now on finds it.
-        ftruncate(lockFD, 0)
-        _ = "\(getpid()) \(boot)\n".withCString { pwrite(lockFD, $0, strlen($0), 0) }
         do {
-            try syscallRetrying("fsync \(lockPath)") { fsync(lockFD) }
+            // After a crash the old boot stays until the local copies are
+            // checked (`checkedAfterSystemCrash`): a daemon that dies while
+            // checking leaves it for the next one.
+            try Self.writeLock(lockFD, boot: openedAfterSystemCrash ? holder[1] : boot)
             if !lockExisted { try LinuxCalls.syncDirectory(directory.path) }
         } catch {
             close(lockFD)
@@ -261,8 +261,26 @@ public final class Replica: Sendable {
     /// and they are checked.
     public func closedCleanly() throws {
         try syscallRetrying("syncfs \(directory.path)") { LinuxCalls.syncfs(lockFD) }
-        try syscallRetrying("truncate \(directory.path)/lock") { ftruncate(lockFD, 0) }
-        try syscallRetrying("fsync \(directory.path)/lock") { fsync(lockFD) }
+        try Self.writeLock(lockFD, boot: nil)
+    }
+
+    /// The local copies were checked after a crash of the machine (and what
+    /// the check marked is durable): the lock file names this boot now.
+    public func checkedAfterSystemCrash() throws {
+        try Self.writeLock(lockFD, boot: Self.bootIdentity.withLock { $0 }())
+    }
+
+    /// The lock file says "PID BOOT" (or nothing: closed cleanly), synced, so
+    /// that a power cut from now on finds it.
+    /// Written over the old text, then cut to length: a power cut between
+    /// leaves the old boot or a mix, never an empty file that would pass
+    /// for a clean close.
+    static func writeLock(_ fd: Int32, boot: String?) throws {
+        let text = boot.map { "\(getpid()) \($0)\n" } ?? ""
+        let written = text.withCString { pwrite(fd, $0, strlen($0), 0) }
+        guard written == text.utf8.count else { throw UbiquityError.posix("write the replica's lock file") }
+        try syscallRetrying("truncate the replica's lock file") { ftruncate(fd, off_t(text.utf8.count)) }
+        try syscallRetrying("fsync the replica's lock file") { fsync(fd) }
     }
 
     /// Let another daemon open this replica (the daemon is done with it).

@@ -117,6 +117,8 @@ extension SyncEngine {
             replica.withNamespace { ns in ns.update(node.ino, local: false) { $0.unacknowledgedWrites = true } }
         }
         try replica.persist()
+        try replica.makeDurable()
+        try replica.checkedAfterSystemCrash()
         logger.warning("the machine went down while this replica was open: checked \(checked) local copies (\(bytes) bytes) against the store's versions in \(String(format: "%.1f", Date().timeIntervalSince(started))) s; \(differing) differed and are kept as recovered copies")
     }
 
