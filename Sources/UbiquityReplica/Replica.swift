@@ -60,9 +60,11 @@ public final class Replica: Sendable {
     /// not, so a local copy the index calls the store's version may differ
     /// from it: `SyncEngine.recoverInterruptedWrites` checks them all.
     public let openedAfterSystemCrash: Bool
-    /// This boot's identity (`/proc/sys/kernel/random/boot_id`), written into
-    /// the lock file while the replica is open. The testing command replaces
-    /// it, so that a simulated power cut is a new boot.
+    /// This boot's identity, written into the lock file while the replica is open.
+    let boot: String
+    /// Where `boot` comes from unless the opener names it:
+    /// `/proc/sys/kernel/random/boot_id`. The testing command replaces it, so
+    /// that a simulated power cut is a new boot.
     public static let bootIdentity = Lock<@Sendable () -> String>({
         ((try? String(contentsOfFile: "/proc/sys/kernel/random/boot_id", encoding: .utf8)) ?? "")
             .trimmingCharacters(in: .whitespacesAndNewlines)
@@ -83,7 +85,7 @@ public final class Replica: Sendable {
     public static let defaultSparesAhead = 1024
 
     public init(directory: URL, rootOwner: (uid: UInt32, gid: UInt32), logSegmentSize: Int = 4 << 20,
-                sparesAhead: Int = 0) throws {
+                sparesAhead: Int = 0, boot: String? = nil) throws {
         self.directory = directory
         self.logSegmentSize = logSegmentSize
         let fm = FileManager.default
@@ -108,7 +110,8 @@ public final class Replica: Sendable {
             close(lockFD)
             throw UbiquityError(EBUSY, "replica \(directory.path) is in use by another ubiquityfs daemon (pid \(holder.first ?? "?"))")
         }
-        let boot = Self.bootIdentity.withLock { $0 }()
+        let boot = boot ?? Self.bootIdentity.withLock { $0 }()
+        self.boot = boot
         openedAfterSystemCrash = holder.count > 1 && holder[1] != boot
         do {
             // After a crash the old boot stays until the local copies are
@@ -267,7 +270,7 @@ public final class Replica: Sendable {
     /// The local copies were checked after a crash of the machine (and what
     /// the check marked is durable): the lock file names this boot now.
     public func checkedAfterSystemCrash() throws {
-        try Self.writeLock(lockFD, boot: Self.bootIdentity.withLock { $0 }())
+        try Self.writeLock(lockFD, boot: boot)
     }
 
     /// The lock file says "PID BOOT" (or nothing: closed cleanly), synced, so

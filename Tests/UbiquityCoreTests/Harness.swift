@@ -19,10 +19,10 @@ final class TestDevice: @unchecked Sendable {   // lets only; used from one test
 
     init(store: any Store, name: String = "device", directory: URL? = nil,
          snapshotInterval: UInt64 = SyncEngine.defaultSnapshotInterval,
-         clock: @escaping @Sendable () -> Timespec = { .now() }, retentionDays: Int? = nil) throws {
+         clock: @escaping @Sendable () -> Timespec = { .now() }, retentionDays: Int? = nil, boot: String? = nil) throws {
         self.directory = directory ?? FileManager.default.temporaryDirectory
             .appendingPathComponent("ubq-core-\(UUID().uuidString)")
-        replica = try Replica(directory: self.directory, rootOwner: (0, 0))
+        replica = try Replica(directory: self.directory, rootOwner: (0, 0), boot: boot)
         if try store.containerConfig(Self.container) == nil {
             try store.createContainer(ContainerConfig(id: Self.container, displayName: "Test", retentionDays: retentionDays))
         }

@@ -172,6 +172,43 @@ import Glibc
         #expect(try b.read("f.txt") == "good version")
     }
 
+    /// A power cut kept a pushed file's new bytes (its cache file) and lost
+    /// the log record that marked the rewrite: a replica that was open when
+    /// the machine went down checks its clean copies before serving them —
+    /// only then, and once.
+    @Test func aCopyChangedBehindTheIndexIsFoundAfterTheMachineWentDown() throws {
+        let store = InMemoryStore()
+        let a = try TestDevice(store: store, name: "a", boot: "boot-1")
+        defer { a.cleanUp() }
+        try a.write("f.txt", "good version")
+        try a.engine.drain(progress: { _, _ in })
+        let ino = try a.resolve("f.txt")
+        try Data("torn bytes".utf8).write(to: URL(fileURLWithPath: a.replica.cache.path(ino)))
+        a.replica.releaseLock()
+        // The same boot: the daemon died, the machine did not (its page cache kept every mark).
+        let sameBoot = try TestDevice(store: store, name: "a", directory: a.directory, boot: "boot-1")
+        #expect(!sameBoot.replica.openedAfterSystemCrash)
+        #expect(try recoveredCopies(sameBoot).isEmpty)
+        sameBoot.replica.releaseLock()
+        // Another boot: checked, and the copy that is not the store's version is split.
+        let again = try TestDevice(store: store, name: "a", directory: a.directory, boot: "boot-2")
+        #expect(again.replica.openedAfterSystemCrash)
+        let copy = try #require(try recoveredCopies(again).first)
+        #expect(try again.read(copy) == "torn bytes")
+        #expect(try String(decoding: readAll(again, "f.txt"), as: UTF8.self) == "good version")
+        again.replica.releaseLock()
+        // Checked once: the lock file names this boot now.
+        let checked = try TestDevice(store: store, name: "a", directory: a.directory, boot: "boot-2")
+        #expect(!checked.replica.openedAfterSystemCrash)
+        try checked.replica.commitAndCheckpoint()
+        try checked.replica.closedCleanly()
+        checked.replica.releaseLock()
+        // Closed cleanly: the next boot trusts the copies.
+        let later = try TestDevice(store: store, name: "a", directory: a.directory, boot: "boot-3")
+        #expect(!later.replica.openedAfterSystemCrash)
+        later.replica.releaseLock()
+    }
+
     @Test func writesAfterAnFsyncAreUnacknowledgedAgain() throws {
         let store = InMemoryStore()
         let a = try TestDevice(store: store, name: "a")
