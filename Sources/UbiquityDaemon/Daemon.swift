@@ -498,7 +498,7 @@ package final class Daemon: Sendable {
                         try host.replica.commitAndCheckpoint()
                         try host.replica.closedCleanly()
                     } catch {
-                        recordError("\(host.id): the index could not take everything at close (\(error)); the operation log keeps it, and the next mount replays it")
+                        recordError("\(host.id): the replica did not close cleanly (\(error)); the operation log keeps what the index lacks, and the next mount replays it (checking the local copies if the machine restarts first)")
                     }
                     let pending = host.replica.withNamespace { ns in ns.pendingSummary() }
                     logger.info("\(host.id) closed; \(counted(pending.items, "item")) (\(pending.bytes) bytes) left in the queue for the next mount")

@@ -1,3 +1,5 @@
+// The whole module, not `import class`: a scoped import of these classes here would
+// cancel Daemons.swift's re-export of them for UbiquityKit's users.
 import UbiquityPredicates
 import UbiquityLocks
 import UbiquityLocator
