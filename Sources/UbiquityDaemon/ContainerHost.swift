@@ -75,10 +75,6 @@ final class ContainerHost: @unchecked Sendable, ReplicaObserver {
         }
     }
 
-    /// More than one mount shows this container: no open may keep the
-    /// kernel's page cache (each mount's kernel has its own).
-    var isShared: Bool { viewers.withLock { $0.count > 1 } }
-
     /// Drop what each mount's kernel cached of what a pull changed, then
     /// have it raise the events a local program's changes would have
     /// (`KernelEventScript`, performed by the mount's `KernelEventReplay`).
@@ -110,7 +106,6 @@ final class ContainerHost: @unchecked Sendable, ReplicaObserver {
     /// `documents` enforces the container's folder levels.
     func view(_ scope: Scope, folderLevels: ContainerConfig.FolderLevels) throws -> FileSystem {
         var options = FileSystemOptions()
-        options.soleView = { [weak self] in !(self?.isShared ?? false) }
         options.beforeLongWait = FUSESession.beforeLongWait
         switch scope {
         case .all:

@@ -317,9 +317,9 @@ public final class DriveFileSystem: MountedFileSystem {
     }
 
     /// Not the root: its container folders come and go with the store's list.
-    public func listingMayBeCached(ino: UInt64) -> Bool {
-        guard ino != Self.root, let (fs, local, _) = try? route(ino) else { return false }
-        return fs.listingMayBeCached(ino: local)
+    public func listingCache(ino: UInt64) -> ListingCache {
+        guard ino != Self.root, let (fs, local, _) = try? route(ino) else { return .off }
+        return fs.listingCache(ino: local)
     }
 
     /// The root lists the home container's entries, then the container folders.

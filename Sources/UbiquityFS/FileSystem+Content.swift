@@ -536,9 +536,14 @@ extension FileSystem {
         }
     }
 
-    /// One mount shows this container: its kernel sees every local change
-    /// (it makes them) and the daemon tells it of the others.
-    public func listingMayBeCached(ino: UInt64) -> Bool { options.soleView() }
+    /// The kernel keeps its listing if no change reached the folder since
+    /// its last open (`KernelReferences.openedFolder`): changes through
+    /// another mount of the container, or pulled, move the folder's stamp.
+    public func listingCache(ino: UInt64) -> ListingCache {
+        let dir = view.swap(ino)
+        let stamp = replica.withNamespace { ns in ns.listingStamp(of: dir) }
+        return kernel.openedFolder(dir, stamp: stamp) ? .keep : .refill
+    }
 
     func snapshot(_ ino: UInt64) throws -> HandleTable.Listing {
         try replica.withNamespace { ns in

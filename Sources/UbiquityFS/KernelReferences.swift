@@ -23,6 +23,11 @@ import UbiquityReplica
 /// makes this kernel drop its pages at its next open; several mounts of one
 /// container each keep their own cache.
 ///
+/// Folder listings the same way: the stamp of each folder's entries
+/// (`Namespace.listingStamp`) when this kernel last opened it. An open keeps
+/// the kernel's cached listing only if the stamp has not moved since; the
+/// kernel drops its own listing when it changes the folder itself.
+///
 /// Lock order: taken inside the namespace lock (each change of a count and
 /// of the node's sum is one step under it); a leaf.
 final class KernelReferences: Sendable {
@@ -39,6 +44,8 @@ final class KernelReferences: Sendable {
     struct State {
         var counts: [UInt64: UInt64] = [:]
         var cached: [UInt64: CachedContent] = [:]
+        /// Folders: the listing stamp at this kernel's last open.
+        var listings: [UInt64: UInt64] = [:]
         /// Forgets beyond what this kernel held (a kernel or adapter bug).
         var excessForgets = 0
         var released = false
@@ -66,6 +73,7 @@ final class KernelReferences: Sendable {
                 // The kernel forgot the inode, and its pages with it.
                 s.counts[ino] = nil
                 s.cached[ino] = nil
+                s.listings[ino] = nil
             } else {
                 s.counts[ino] = held - given
             }
@@ -81,7 +89,7 @@ final class KernelReferences: Sendable {
     /// held, and the excess forgets seen.
     func releaseAll(in ns: inout Namespace) -> (dropped: [UInt64], held: Int, excessForgets: Int) {
         let (counts, excess) = state.withLock { s -> ([UInt64: UInt64], Int) in
-            defer { s.counts = [:]; s.cached = [:]; s.released = true }
+            defer { s.counts = [:]; s.cached = [:]; s.listings = [:]; s.released = true }
             return (s.counts, s.excessForgets)
         }
         var dropped: [UInt64] = []
@@ -117,5 +125,17 @@ final class KernelReferences: Sendable {
     /// an older handle, or bypassed by passthrough writes): its next open drops them.
     func pagesStale(_ ino: UInt64) {
         state.withLock { _ = $0.cached.removeValue(forKey: ino) }
+    }
+
+    // MARK: The kernel's folder listings
+
+    /// An open of folder `dir`, whose entries now have listing stamp `stamp`:
+    /// whether this kernel's cached listing of it may be kept, because no
+    /// change reached the folder since its last open. It may from now on.
+    func openedFolder(_ dir: UInt64, stamp: UInt64) -> Bool {
+        state.withLock { s in
+            defer { s.listings[dir] = stamp }
+            return s.listings[dir] == stamp
+        }
     }
 }

@@ -37,10 +37,9 @@ public protocol MountedFileSystem: AnyObject, Sendable {
     func fallocate(handle: UInt64, mode: Int32, offset: Int64, length: Int64) throws
 
     func opendir(ino: UInt64) throws -> UInt64
-    /// Whether the kernel may keep folder `ino`'s listing across opens
-    /// (`cache_readdir`): only what this kernel alone sees change, since the
-    /// daemon drops it (with its pages) when a pull or the daemon changes it.
-    func listingMayBeCached(ino: UInt64) -> Bool
+    /// What the kernel may do with folder `ino`'s listing at this open:
+    /// called after `opendir`, before the kernel reads the listing.
+    func listingCache(ino: UInt64) -> ListingCache
     func readdir(handle: UInt64, offset: Int64, limit: Int, plus: Bool) throws -> [DirectoryEntry]
     func releasedir(handle: UInt64)
     func fsyncdir(handle: UInt64) throws

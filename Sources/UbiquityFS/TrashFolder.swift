@@ -344,8 +344,8 @@ public final class TrashFolder: MountedFileSystem {
         }
     }
 
-    public func listingMayBeCached(ino: UInt64) -> Bool {
-        Self.isVirtual(ino) ? false : base.listingMayBeCached(ino: ino)
+    public func listingCache(ino: UInt64) -> ListingCache {
+        Self.isVirtual(ino) ? .off : base.listingCache(ino: ino)
     }
 
     public func readdir(handle: UInt64, offset: Int64, limit: Int, plus: Bool) throws -> [DirectoryEntry] {

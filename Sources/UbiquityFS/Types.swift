@@ -63,6 +63,17 @@ public struct AttributeChanges: Sendable {
     }
 }
 
+/// What the kernel may do with a folder's listing at an `opendir`.
+public enum ListingCache: Sendable, Equatable {
+    /// List it from the daemon every time (a listing that changes with no
+    /// entry changing: the drive's root, the virtual trash folders).
+    case off
+    /// Cache it (`cache_readdir`), dropping what was cached before.
+    case refill
+    /// Cache it and keep what was cached (`keep_cache`): it is current.
+    case keep
+}
+
 public struct OpenReply: Sendable {
     public var handle: UInt64
     /// Keep the kernel's page cache from the previous open (content unchanged since).
@@ -179,10 +190,6 @@ public struct FileSystemOptions: Sendable {
     public var entryTimeout: Double = 5
     public var attributeTimeout: Double = 5
     public var view = ViewRoot()
-    /// Whether this is the only mount of its replica: with several, a
-    /// folder's listing is not left in the kernels' caches (a change
-    /// through one mount would not reach the others' listings).
-    public var soleView: @Sendable () -> Bool = { true }
     /// Called on a thread about to wait for a download: a FUSE worker that
     /// reads the mount's requests hands the reading to another first
     /// (`FUSESession.beforeLongWait`), so the mount goes on answering.

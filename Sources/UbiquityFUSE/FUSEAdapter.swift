@@ -475,8 +475,10 @@ enum FUSEOperations {
         guard let fi else { fuse_reply_err(req, EINVAL); return }
         ctx.serve(req, "opendir") {
             fi.pointee.fh = try ctx.fs.opendir(ino: UInt64(ino))
-            // The kernel keeps the listing (until it or the daemon sees the folder change).
-            if ctx.fs.listingMayBeCached(ino: UInt64(ino)) {
+            switch ctx.fs.listingCache(ino: UInt64(ino)) {
+            case .off: break
+            case .refill: fi.pointee.cache_readdir = 1
+            case .keep:
                 fi.pointee.cache_readdir = 1
                 fi.pointee.keep_cache = 1
             }

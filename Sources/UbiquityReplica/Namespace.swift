@@ -70,6 +70,13 @@ public struct Namespace: Sendable {
     public internal(set) var itemChangeSeq: UInt64 = 0
     public internal(set) var structureSeq: UInt64 = 0
     var itemChangeRing = [UInt64](repeating: 0, count: 16_384)
+    /// When each folder's entries last changed, on a namespace-wide clock:
+    /// a kernel that cached a listing tells by it whether the listing is still
+    /// current (`KernelReferences`). Runtime only and never rolled back: a
+    /// stamp moved by a change that was rolled back costs a kernel one
+    /// listing read again, nothing more.
+    var listingStamps: [UInt64: UInt64] = [:]
+    var listingClock: UInt64 = 0
     /// The values a running transaction replaced (nil: no transaction).
     var undo: Undo?
     /// Set while a pull applies another device's change set: what each entry
@@ -142,6 +149,15 @@ public struct Namespace: Sendable {
 
     /// What changed below every path: a watch reads every item again.
     public mutating func structureChanged() { structureSeq += 1 }
+
+    /// Folder `dir`'s entries changed (see `listingStamps`).
+    mutating func listingChanged(_ dir: UInt64) {
+        listingClock += 1
+        listingStamps[dir] = listingClock
+    }
+
+    /// The stamp of folder `dir`'s current entries: equal stamps, same entries.
+    public func listingStamp(of dir: UInt64) -> UInt64 { listingStamps[dir] ?? 0 }
 
     /// The items changed since `seq` (a value of `itemChangeSeq`), or nil if
     /// the ring no longer reaches back that far.
@@ -298,6 +314,7 @@ public struct Namespace: Sendable {
         saveDirectoryParent(ino)
         let cookie = nextCookie
         nextCookie += 1
+        listingChanged(parent)
         let store = storeForWriting()
         store.setEntry(parent, name, DirEntry(ino: ino, cookie: cookie))
         if var node = store.node(ino) {
@@ -332,6 +349,7 @@ public struct Namespace: Sendable {
         saveNode(ino)
         saveNode(parent)
         saveDirectoryParent(ino)
+        listingChanged(parent)
         let store = storeForWriting()
         store.removeEntry(parent, name)
         if var node = store.node(ino) {
@@ -527,6 +545,7 @@ public struct Namespace: Sendable {
         store.remove(ino)
         store.setDirectory(ino, nil)
         directoryParent[ino] = nil
+        listingStamps[ino] = nil
         dirtyRows.remove(ino)
         unpushed.remove(ino)
         log.append(.removeNode(ino))

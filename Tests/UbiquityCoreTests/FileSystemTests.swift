@@ -45,6 +45,34 @@ import Glibc
         }
     }
 
+    @Test func eachMountKeepsItsOwnListingsUntilTheFolderChanges() throws {
+        try withDevice { d in
+            let other = FileSystem(replica: d.replica, hooks: d.engine)
+            try d.mkdir("dir")
+            try d.write("dir/a", "a")
+            let dir = try d.resolve("dir")
+            func opened(_ fs: FileSystem) throws -> ListingCache {
+                let handle = try fs.opendir(ino: dir)
+                defer { fs.releasedir(handle: handle) }
+                return fs.listingCache(ino: dir)
+            }
+            #expect(try opened(other) == .refill, "the other mount never listed it")
+            #expect(try opened(other) == .keep)
+            #expect(try opened(d.fs) == .refill)
+            #expect(try opened(d.fs) == .keep)
+            try d.write("dir/b", "b")
+            #expect(try opened(other) == .refill, "an entry added through the first mount")
+            #expect(try opened(other) == .keep)
+            try d.fs.unlink(parent: dir, name: "a")
+            #expect(try opened(other) == .refill, "an entry removed through the first mount")
+            try d.write("dir/b", "rewritten")
+            #expect(try opened(other) == .keep, "a file's content is not its folder's listing")
+            try other.rename(parent: dir, name: "b", newParent: Namespace.rootIno, newName: "b", flags: [])
+            #expect(try opened(d.fs) == .refill, "an entry moved out through the other mount")
+            #expect(try opened(d.fs) == .keep)
+        }
+    }
+
     @Test func createWriteReadBack() throws {
         try withDevice { d in
             try d.write("a.txt", "hello")

@@ -220,3 +220,32 @@ def test_a_slow_container_open_does_not_hold_up_other_mounts(store, make_device)
     finally:
         opening.join(60)
     assert slow.is_mounted()
+
+
+def test_two_mounts_of_a_container_see_each_others_folder_changes_at_once(store, make_device):
+    """Each mount's kernel keeps its folder listings between opens; a change
+    through the other mount of the same container, on the same device,
+    shows in the next listing all the same (no attribute timeout to wait)."""
+    made = container(store, "create", CONTAINER, "--name", "Notes")
+    assert made.returncode == 0, made.stderr
+    whole = scoped(make_device, "a", "all")
+    data = make_device("a", mount=False, container=CONTAINER, data_home=whole.data_home)
+    data.mount_args = ("--scope", "data")
+    data.mount()
+    os.mkdir(data.mountpoint / "cache")
+    for i in range(50):
+        (data.mountpoint / "cache" / f"f{i}").write_text("x")
+    seen = whole.mountpoint / "cache"
+    expected = {f"f{i}" for i in range(50)}
+    for _ in range(3):  # listed and listed again: from the kernel's cache from the second time on
+        assert set(os.listdir(seen)) == expected
+    (data.mountpoint / "cache" / "new").write_text("n")
+    assert set(os.listdir(seen)) == expected | {"new"}, "a file created through the other mount"
+    os.unlink(data.mountpoint / "cache" / "f0")
+    os.rename(data.mountpoint / "cache" / "f1", data.mountpoint / "moved")
+    assert set(os.listdir(seen)) == expected - {"f0", "f1"} | {"new"}, "removed and moved out through the other mount"
+    assert "moved" in os.listdir(whole.mountpoint)
+    # And the other way round.
+    assert "fromwhole" not in os.listdir(data.mountpoint / "cache")
+    (whole.mountpoint / "cache" / "fromwhole").write_text("w")
+    assert "fromwhole" in os.listdir(data.mountpoint / "cache")
