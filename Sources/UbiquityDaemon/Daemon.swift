@@ -450,6 +450,9 @@ package final class Daemon: Sendable {
             }
             let replica = try Replica(directory: replicaDir, rootOwner: (getuid(), getgid()),
                                       sparesAhead: Replica.defaultSparesAhead)
+            if replica.playedJournaledFiles > 0 {
+                logger.info("\(id): the machine went down with the replica open; played back the journaled fsyncs of \(replica.playedJournaledFiles) files")
+            }
             if replica.replayedRecords > 0 {
                 logger.info("\(id): the daemon stopped before the index took \(replica.replayedRecords) operation log records; replayed them")
             }

@@ -364,8 +364,12 @@ extension FileSystem {
         }
         guard let last else { return nil }
         // Writes went to the cache file without the mounted file's page
-        // cache: the next cached open must not keep what it holds.
-        if last.wrote { kernel.pagesStale(ino) }
+        // cache: the next cached open must not keep what it holds, and
+        // the next fsync syncs the cache file (the daemon did not see them).
+        if last.wrote {
+            kernel.pagesStale(ino)
+            ns.contentChangedUnseen(ino)
+        }
         return last.backing
     }
 
@@ -453,7 +457,9 @@ extension FileSystem {
         replica.withNamespace { ns in
             ns.endWrite(file.ino)
             guard let node = ns.node(file.ino) else { return }
-            changeContent(file.ino, from: node, in: &ns) { $0.contentChanged(file.ino, size: max(node.size, end), time: now, monotonic: monotonic) }
+            changeContent(file.ino, from: node, written: UInt64(offset)..<end, in: &ns) {
+                $0.contentChanged(file.ino, size: max(node.size, end), time: now, monotonic: monotonic)
+            }
         }
         return written
     }
@@ -468,17 +474,52 @@ extension FileSystem {
         try commit()
     }
 
-    /// `fsync(2)`, `fdatasync(2)`: the cache file is synced, then what was
-    /// written is committed and (through a writer's descriptor)
+    /// `fsync(2)`, `fdatasync(2)`: the content is made durable, then what
+    /// was written is committed and (through a writer's descriptor)
     /// acknowledged, and every committed change — the file's size, its
     /// name and its folder's entries among them — is made to survive a
     /// power loss (`Replica.makeDurable`), as ext4's journal commit does.
+    ///
+    /// The content: a small change since the cache file was last known on
+    /// disk is journaled (its bytes go into the operation log, and the log's
+    /// one flush covers everything: `JournaledContent`); otherwise the cache
+    /// file is synced, and the log records that it was.
     public func fsync(handle: UInt64, dataOnly: Bool) throws {
         let file = try openFileFor(handle)
+        if try journalContent(of: file) { return }
+        let synced = replica.withNamespace { ns in ns.node(file.ino).map { ($0.contentGeneration, $0.contentEpoch) } }
         try syscallRetrying("fsync cache file") { dataOnly ? fdatasync(file.fd) : Glibc.fsync(file.fd) }
-        if file.writable { replica.withNamespace { ns in ns.acknowledgeWrites(file.ino) } }
+        replica.withNamespace { ns in
+            if file.writable { ns.acknowledgeWrites(file.ino) }
+            if let (generation, epoch) = synced { ns.cacheFileSynced(file.ino, generation: generation, epoch: epoch) }
+        }
         try commit()
         try replica.makeDurable()
+    }
+
+    /// The journaled `fsync` of `file`, if its change since the cache file
+    /// was last on disk is small and all seen by the daemon (no passthrough
+    /// open of the inode, whose writes would not be). False: sync the cache file.
+    func journalContent(of file: HandleTable.OpenFile) throws -> Bool {
+        guard file.kernelIO == .cached, file.streamingSize == nil,
+              passthrough.withLock({ $0[file.ino] == nil }),
+              let change = replica.withNamespace({ ns in ns.journalableChange(file.ino) }) else { return false }
+        var pieces: [JournaledContent.Piece] = []
+        for range in change.ranges {
+            var bytes = [UInt8](repeating: 0, count: range.count)
+            let n = bytes.withUnsafeMutableBytes { pread(file.fd, $0.baseAddress!, $0.count, off_t(range.lowerBound)) }
+            guard n == range.count else { return false }   // cut meanwhile: sync the file instead
+            pieces.append(JournaledContent.Piece(offset: range.lowerBound, bytes: bytes))
+        }
+        replica.withNamespace { ns in
+            if file.writable { ns.acknowledgeWrites(file.ino) }
+            ns.journal(JournaledContent(ino: file.ino, version: change.version, smallestSize: change.smallestSize,
+                                        size: change.size, pieces: pieces))
+        }
+        try commit()
+        try replica.makeDurable(cacheFolders: false)
+        replica.withNamespace { ns in ns.journaled(file.ino, generation: change.generation) }
+        return true
     }
 
     public func release(handle: UInt64) throws {

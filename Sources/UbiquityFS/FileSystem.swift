@@ -200,9 +200,11 @@ public final class FileSystem: Sendable {
     /// lock): this kernel's pages that were current stay current, every
     /// other view's become stale (`KernelReferences`). `node`: the node as it
     /// is now, if the caller holds it already (a write: spares a lookup).
-    func changeContent(_ ino: UInt64, from node: LocalNode? = nil, in ns: inout Namespace, _ change: (inout Namespace) -> Void) {
+    func changeContent(_ ino: UInt64, from node: LocalNode? = nil, written: Range<UInt64>? = nil, in ns: inout Namespace,
+                       _ change: (inout Namespace) -> Void) {
         guard let before = node ?? ns.node(ino) else { return change(&ns) }
         change(&ns)
+        ns.trackContentChange(ino, from: before, written: written)
         if let after = ns.node(ino) { kernel.changedHere(ino, from: KernelReferences.CachedContent(before), to: after) }
     }
 
@@ -408,7 +410,11 @@ public final class FileSystem: Sendable {
             throw error
         }
         // The kernel's reference, once the node is recorded (a refused change leaves none).
-        replica.withNamespace { ns in kernel.hold(node.ino, in: &ns) }
+        replica.withNamespace { ns in
+            kernel.hold(node.ino, in: &ns)
+            // Empty, and its name is in the log: an fsync may journal what is written from here.
+            if kind == .file { ns.contentOnDisk(node.ino) }
+        }
         return (node, fd)
     }
 

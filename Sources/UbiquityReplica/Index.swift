@@ -189,6 +189,8 @@ final class Index: Sendable {
                 case .quarantine(let record):
                     try db.cachedStatement(sql: "INSERT OR REPLACE INTO quarantined_record VALUES (?,?,?)")
                         .execute(arguments: [Int64(bitPattern: record.seq), record.reason, record.date.timeIntervalSince1970])
+                case .journaledContent, .contentOnDisk:
+                    break   // the operation log's alone (`JournaledContent`)
                 }
             }
         }

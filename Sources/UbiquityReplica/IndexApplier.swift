@@ -198,6 +198,7 @@ extension IndexOp {
         case pendingEntry(UInt64, FileName)
         case meta(String)
         case quarantine(UInt64)
+        case content(UInt64)
     }
 
     var row: Row {
@@ -208,6 +209,8 @@ extension IndexOp {
         case .pendingEntry(let parent, let name, _, _), .clearPendingEntry(let parent, let name): .pendingEntry(parent, name)
         case .meta(let key, _): .meta(key)
         case .quarantine(let record): .quarantine(record.seq)
+        case .journaledContent(let c): .content(c.ino)
+        case .contentOnDisk(let ino): .content(ino)
         }
     }
 

@@ -77,6 +77,8 @@ public struct Namespace: Sendable {
     /// listing read again, nothing more.
     var listingStamps: [UInt64: UInt64] = [:]
     var listingClock: UInt64 = 0
+    /// Runtime: what is known of cache files on disk, for journaled `fsync`s (`ContentTracker`).
+    var contentTrackers: [UInt64: ContentTracker] = [:]
     /// The values a running transaction replaced (nil: no transaction).
     var undo: Undo?
     /// Set while a pull applies another device's change set: what each entry
@@ -546,6 +548,7 @@ public struct Namespace: Sendable {
         store.setDirectory(ino, nil)
         directoryParent[ino] = nil
         listingStamps[ino] = nil
+        contentTrackers[ino] = nil
         dirtyRows.remove(ino)
         unpushed.remove(ino)
         log.append(.removeNode(ino))
@@ -791,6 +794,10 @@ enum IndexOp: Sendable {
     case clearPendingEntry(parent: UInt64, name: FileName)
     case meta(key: String, value: String)
     case quarantine(QuarantinedRecord)
+    /// Content an `fsync` journaled (`ContentJournal.swift`); not in SQLite.
+    case journaledContent(JournaledContent)
+    /// The cache file was synced: earlier journaled content of it is on disk. Not in SQLite.
+    case contentOnDisk(UInt64)
 }
 
 /// A journal record this replica skipped: its number, why, and when (see

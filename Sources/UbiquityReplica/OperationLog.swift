@@ -272,6 +272,12 @@ enum IndexOpCodec {
                 w.u8(7); w.string(key); w.string(value)
             case .quarantine(let record):
                 w.u8(8); w.u64(record.seq); w.string(record.reason); w.u64(record.date.timeIntervalSince1970.bitPattern)
+            case .journaledContent(let c):
+                w.u8(9); w.u64(c.ino); w.u64(c.version); w.u64(c.smallestSize); w.u64(c.size)
+                w.u32(UInt32(c.pieces.count))
+                for piece in c.pieces { w.u64(piece.offset); w.data(piece.bytes) }
+            case .contentOnDisk(let ino):
+                w.u8(10); w.u64(ino)
             }
         }
     }
@@ -319,6 +325,15 @@ enum IndexOpCodec {
             case 7: ops.append(.meta(key: try r.string(), value: try r.string()))
             case 8: ops.append(.quarantine(QuarantinedRecord(seq: try r.u64(), reason: try r.string(),
                                                              date: Date(timeIntervalSince1970: Double(bitPattern: try r.u64())))))
+            case 9:
+                let ino = try r.u64(), version = try r.u64(), smallest = try r.u64(), size = try r.u64()
+                let count = Int(try r.u32())
+                guard count <= JournaledContent.mostRanges else { throw Malformed() }
+                var pieces: [JournaledContent.Piece] = []
+                for _ in 0..<count { pieces.append(JournaledContent.Piece(offset: try r.u64(), bytes: try r.data())) }
+                ops.append(.journaledContent(JournaledContent(ino: ino, version: version, smallestSize: smallest,
+                                                              size: size, pieces: pieces)))
+            case 10: ops.append(.contentOnDisk(try r.u64()))
             default: throw Malformed()
             }
             guard r.offset <= end else { throw Malformed() }

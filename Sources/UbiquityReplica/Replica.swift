@@ -31,7 +31,7 @@ import Glibc
 ///
 /// Lock order (outermost first): `Replica.synced` → `Replica.writer` →
 /// `Replica.namespace` → `SpaceReserve.state` → `IndexApplier.condition`;
-/// `ContentCache.createdInBuckets` is a leaf. `writer` serializes
+/// `ContentCache.createdInBuckets` and `journaledRecords` are leaves. `writer` serializes
 /// appends to the operation log. `namespace` is
 /// held for in-memory work and, in a transaction, for its one index write
 /// (and, on a full disk, the reserve's one system call) — never across
@@ -47,10 +47,16 @@ public final class Replica: Sendable {
     /// Operation log records SQLite lacked when the replica was opened (the
     /// daemon had stopped without waiting for `IndexApplier`).
     public let replayedRecords: Int
+    /// Files whose journaled content was played back after a crash of the machine.
+    public let playedJournaledFiles: Int
     let writer = Lock<Int>(0)
     /// The last operation log record `makeDurable` synced; held across the
     /// flush (see there).
     let synced = Lock<UInt64>(0)
+    /// Records holding journaled content (`JournaledContent`) whose cache
+    /// files were not synced since: what `syncJournaledFiles` syncs before
+    /// records leave the log. Taken inside `writer`, or alone.
+    let journaledRecords = Lock<[(seq: UInt64, ino: UInt64)]>([])
     let lockFD: Int32
     let lockReleased = Lock(false)
     /// The machine went down (a power cut, a kernel crash) while this
@@ -133,8 +139,17 @@ public final class Replica: Sendable {
             log = try OperationLog(path: directory.appendingPathComponent("index.log").path)
             for suffix in ["", "-wal", "-shm"] { Self.makePrivate(indexPath + suffix, mode: 0o600) }
             Self.makePrivate(log.path, mode: 0o600)
-            replayedRecords = try Self.replay(log, into: index, reserve: reserve)
+            let records = try log.readRecords()
+            replayedRecords = try Self.replay(records, of: log, into: index, reserve: reserve)
             var ns = try index.load()
+            // Journaled content first: the recovery below reads cache files' sizes.
+            let journal = Self.journaledContent(in: records)
+            playedJournaledFiles = openedAfterSystemCrash ? try Self.playJournaledContent(journal, into: &ns, cache: cache) : 0
+            try Self.syncCacheFiles(Set(journal.keys), cache: cache)
+            if log.size > 0 || log.previousLastSeq != nil {
+                index.checkpointAll()
+                log.truncate()
+            }
             Self.recover(&ns, cache: cache, rootOwner: rootOwner)
             cache.removeOrphans(ns)
             namespace = Lock(ns)
@@ -156,11 +171,11 @@ public final class Replica: Sendable {
         weak var replica: Replica?
     }
 
-    /// Apply the records of `log` that `index` lacks (the daemon stopped
-    /// before `IndexApplier` copied them), then empty the log. On a full
-    /// disk the space reserve gives its room, a step at a time.
-    static func replay(_ log: OperationLog, into index: Index, reserve: SpaceReserve) throws -> Int {
-        let records = try log.readRecords()
+    /// Apply the `records` of `log` that `index` lacks (the daemon stopped
+    /// before `IndexApplier` copied them). On a full disk the space reserve
+    /// gives its room, a step at a time.
+    static func replay(_ records: [OperationLog.Record], of log: OperationLog, into index: Index,
+                       reserve: SpaceReserve) throws -> Int {
         let applied = try index.logApplied()
         let missing = records.filter { $0.seq > applied }
         if let last = missing.last {
@@ -176,10 +191,6 @@ public final class Replica: Sendable {
             }
         }
         log.lastSeq = max(applied, records.last?.seq ?? 0)
-        if log.size > 0 || log.previousLastSeq != nil {
-            index.checkpointAll()
-            log.truncate()
-        }
         return missing.count
     }
 
@@ -199,15 +210,32 @@ public final class Replica: Sendable {
             return log.size >= logSegmentSize && applied == log.lastSeq
         }
         let indexDurable = dropsRecords && index.checkpointDurably()
+        if dropsRecords { try? syncJournaledFiles() }
         writer.withLock { _ in
-            if let previous = log.previousLastSeq, applied >= previous, indexDurable { log.removePrevious() }
+            if let previous = log.previousLastSeq, applied >= previous, indexDurable,
+               !holdsJournaledContent(upTo: previous) { log.removePrevious() }
             guard log.size >= logSegmentSize else { return }
-            if applied == log.lastSeq {
-                if indexDurable { log.truncate() }
+            if applied == log.lastSeq && indexDurable && !holdsJournaledContent(upTo: log.lastSeq) {
+                log.truncate()
             } else {
                 log.rotate()
             }
         }
+    }
+
+    /// Whether records up to `seq` hold journaled content whose cache files
+    /// were not synced since (they must stay in the log).
+    func holdsJournaledContent(upTo seq: UInt64) -> Bool {
+        journaledRecords.withLock { $0.contains { $0.seq <= seq } }
+    }
+
+    /// Sync the cache files named by journaled content in the log (see
+    /// `JournaledContent`), so that their records may leave it. Not under `writer`.
+    func syncJournaledFiles() throws {
+        let pending = journaledRecords.withLock { $0 }
+        guard let upTo = pending.last?.seq else { return }
+        try Self.syncCacheFiles(Set(pending.map(\.ino)), cache: cache)
+        journaledRecords.withLock { $0.removeAll { $0.seq <= upTo } }
     }
 
     /// Make every change committed so far survive a power loss (`fsync`,
@@ -220,14 +248,17 @@ public final class Replica: Sendable {
     /// from many threads costs a few disk flushes, not one each. Lock
     /// order: `synced` → `writer`; `writer` is held only to take the log's
     /// descriptor, never across the flush.
-    public func makeDurable() throws {
+    ///
+    /// `cacheFolders: false` (a journaled `fsync`: the log holds the content)
+    /// leaves the cache folders to the next caller that needs them.
+    public func makeDurable(cacheFolders: Bool = true) throws {
         let target = writer.withLock { _ in log.lastSeq }
         try synced.withLock { syncedSeq in
-            guard syncedSeq < target || cache.hasCreatedBuckets else { return }
+            guard syncedSeq < target || (cacheFolders && cache.hasCreatedBuckets) else { return }
             let (upTo, fd) = writer.withLock { _ in (log.lastSeq, dup(log.fd)) }
             guard fd >= 0 else { throw UbiquityError.posix("duplicate the operation log's descriptor") }
             defer { close(fd) }
-            for path in cache.takeCreatedBuckets() {
+            for path in cacheFolders ? cache.takeCreatedBuckets() : [] {
                 do {
                     try LinuxCalls.syncDirectory(path)
                 } catch let error as UbiquityError where error.errno == ENOENT {
@@ -245,9 +276,10 @@ public final class Replica: Sendable {
     public func commitAndCheckpoint() throws {
         try persist()
         try applier.drain()
+        try syncJournaledFiles()
         writer.withLock { _ in
             index.checkpointAll()
-            if applier.appliedUpTo == log.lastSeq { log.truncate() }
+            if applier.appliedUpTo == log.lastSeq && !holdsJournaledContent(upTo: log.lastSeq) { log.truncate() }
         }
     }
 
@@ -451,7 +483,11 @@ public final class Replica: Sendable {
         guard !ops.isEmpty else { return }
         while true {
             do {
-                applier.enqueue(try log.append(ops))
+                let record = try log.append(ops)
+                for case .journaledContent(let content) in ops {
+                    journaledRecords.withLock { $0.append((record.seq, content.ino)) }
+                }
+                applier.enqueue(record)
                 return
             } catch let error as UbiquityError where error.errno == ENOSPC && use == .mayUseReserve {
                 guard reserve.release() else { throw error }

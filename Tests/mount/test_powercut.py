@@ -95,13 +95,20 @@ def pattern(tag: str, size: int) -> bytes:
 
 
 def power_cut(dev, lazy) -> dict:
-    """kill -9 the daemon, detach its dead mount, drop every unsynced write, mount again."""
+    """kill -9 the daemon, detach its dead mount, drop every unsynced write, mount
+    again, as after a restart of the machine (another boot: the daemon plays back
+    its journaled fsyncs and checks its local copies)."""
     dev.kill9()
     result = lazy.cut()
     print("lazyfs cut reverted:", *(f"  {f['path']}: {f['size']} -> {f['durable_size']} bytes" for f in result["files"]),
           sep="\n")   # shown with a failure
+    power_cut.boots += 1
+    dev.mount_env = {**(dev.mount_env or {}), "UBIQUITYFS_TEST_BOOT_ID": f"after-cut-{power_cut.boots}"}
     dev.mount()
     return result
+
+
+power_cut.boots = 0
 
 
 @pytest.fixture
@@ -215,13 +222,30 @@ def test_fsynced_file_survives_under_its_name(lazy_device):
     large = random.Random(3).randbytes(3 * MiB + 17)
     write_synced(root / "docs/report.bin", small)
     write_synced(root / "docs/large.bin", large)
+    # Small changes are journaled (their bytes go into the operation log):
+    # a new note, and a log appended to and fdatasynced line by line.
+    note = b"a short note\n" * 40
+    write_synced(root / "docs/note.txt", note)
+    lines = [f"entry {i}\n".encode() * 30 for i in range(12)]
+    fd = os.open(root / "docs/app.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        for line in lines:
+            os.write(fd, line)
+            os.fdatasync(fd)
+        os.write(fd, b"never synced\n")
+    finally:
+        os.close(fd)
 
     power_cut(dev, lazy)
 
     assert sorted(os.listdir(root)) == ["docs"]
-    assert sorted(os.listdir(root / "docs")) == ["large.bin", "report.bin"]
+    assert sorted(os.listdir(root / "docs")) == ["app.log", "large.bin", "note.txt", "report.bin"]
     assert (root / "docs/report.bin").read_bytes() == small
     assert (root / "docs/large.bin").read_bytes() == large
+    assert (root / "docs/note.txt").read_bytes() == note
+    got = (root / "docs/app.log").read_bytes()
+    assert got in (b"".join(lines), b"".join(lines) + b"never synced\n"), got[-80:]
+    assert "played back the journaled fsyncs of" in daemon_log(dev), "the journaled path was not taken"
 
 
 def test_editor_atomic_save_survives(lazy_device):
