@@ -494,7 +494,7 @@ extension FileSystem {
             if let (generation, epoch) = synced { ns.cacheFileSynced(file.ino, generation: generation, epoch: epoch) }
         }
         try commit()
-        try replica.makeDurable()
+        try replica.makeDurable(cacheFolders: true)
     }
 
     /// The journaled `fsync` of `file`, if its change since the cache file
@@ -517,7 +517,7 @@ extension FileSystem {
                                         size: change.size, pieces: pieces))
         }
         try commit()
-        try replica.makeDurable(cacheFolders: false)
+        try replica.makeDurable()
         replica.withNamespace { ns in ns.journaled(file.ino, generation: change.generation) }
         return true
     }

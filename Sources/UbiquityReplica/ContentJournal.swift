@@ -123,11 +123,15 @@ struct ContentTracker: Sendable {
 }
 
 extension Namespace {
+    static let mostContentTrackers = 16_384
+
     /// The cache file of `ino` is on disk as the node says (just created
     /// empty and named in a folder the next commit names, or synced): track
     /// what changes it from here.
     public mutating func contentOnDisk(_ ino: UInt64) {
         guard let node = store.node(ino), node.kind == .file, node.hasContent else { return }
+        // Bounded: forgetting a tracker only makes that file's next fsync sync its cache file.
+        if contentTrackers.count >= Self.mostContentTrackers { contentTrackers.removeAll(keepingCapacity: true) }
         contentTrackers[ino] = ContentTracker(generation: node.contentGeneration, epoch: node.contentEpoch, smallestSize: node.size)
     }
 

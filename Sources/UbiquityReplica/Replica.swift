@@ -240,18 +240,16 @@ public final class Replica: Sendable {
 
     /// Make every change committed so far survive a power loss (`fsync`,
     /// `fdatasync`, `fsyncdir` through the mount): the operation log is
-    /// synced, and so are the cache folders in which cache files were
-    /// created or installed since the last time (their names).
+    /// synced, and with `cacheFolders` (an `fsync` that synced a cache file)
+    /// so are the cache folders in which cache files were created or
+    /// installed since the last time (their names).
     ///
     /// Group commit: callers that arrive while a sync is under way wait
     /// for it, and the next sync covers all of them, so a burst of fsyncs
     /// from many threads costs a few disk flushes, not one each. Lock
     /// order: `synced` → `writer`; `writer` is held only to take the log's
     /// descriptor, never across the flush.
-    ///
-    /// `cacheFolders: false` (a journaled `fsync`: the log holds the content)
-    /// leaves the cache folders to the next caller that needs them.
-    public func makeDurable(cacheFolders: Bool = true) throws {
+    public func makeDurable(cacheFolders: Bool = false) throws {
         let target = writer.withLock { _ in log.lastSeq }
         try synced.withLock { syncedSeq in
             guard syncedSeq < target || (cacheFolders && cache.hasCreatedBuckets) else { return }

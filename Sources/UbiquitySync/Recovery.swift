@@ -41,7 +41,10 @@ extension SyncEngine {
     /// serving it. Returns the inodes of the recovered copies.
     @discardableResult
     public func recoverInterruptedWrites(date: Date = Date()) throws -> [UInt64] {
-        if replica.openedAfterSystemCrash { try markCopiesThatAreNotTheStoresVersion() }
+        if replica.openedAfterSystemCrash {
+            try replaceLostCacheFiles()
+            try markCopiesThatAreNotTheStoresVersion()
+        }
         let marked = replica.withNamespace { ns in ns.nodes.values.filter(\.unacknowledgedWrites).map(\.ino).sorted() }
         guard !marked.isEmpty else { return [] }
         var copies: [UInt64] = []
@@ -96,6 +99,39 @@ extension SyncEngine {
         try replica.persist()
         for ino in refresh { startDownload(ino: ino, background: true) }
         return copies
+    }
+
+    /// After a power cut: files whose cache file never reached the disk,
+    /// although the operation log that names them did (another file's
+    /// `fsync` synced it; a journaled `fsync` does not sync cache folders,
+    /// and nobody synced these files). A file the store never had becomes
+    /// empty, as a file written and never synced does on ext4; one the store
+    /// has gets the store's version back, as a placeholder.
+    func replaceLostCacheFiles() throws {
+        let local = replica.withNamespace { ns in
+            ns.nodes.values.filter { $0.kind == .file && $0.hasContent }.map { ($0.ino, $0.version) }
+        }
+        var emptied = 0, refetched = 0
+        for (ino, version) in local where access(replica.cache.path(ino), F_OK) != 0 && errno == ENOENT {
+            if version == 0 {
+                close(try replica.cache.create(ino))
+                replica.withNamespace { ns in ns.contentChanged(ino, size: 0, time: nil, monotonic: MonotonicClock.now()) }
+                emptied += 1
+            } else {
+                replica.withNamespace { ns in
+                    ns.update(ino, local: false) { n in
+                        n.hasContent = false
+                        n.size = n.hashSize
+                        n.contentGeneration = n.pushedGeneration
+                        n.contentEpoch &+= 1
+                    }
+                }
+                refetched += 1
+            }
+        }
+        guard emptied + refetched > 0 else { return }
+        try replica.persist()
+        logger.warning("the machine went down before \(emptied + refetched) files' content reached the disk (never synced): \(emptied) new ones are empty, \(refetched) show the store's version again")
     }
 
     /// After a power cut: mark every local copy that should be the store's

@@ -209,6 +209,26 @@ import Glibc
         later.replica.releaseLock()
     }
 
+    @Test func cacheFilesThatNeverReachedTheDiskAreReplacedAfterTheMachineWentDown() throws {
+        let store = InMemoryStore()
+        let a = try TestDevice(store: store, name: "a", boot: "boot-1")
+        defer { a.cleanUp() }
+        try a.write("pushed.txt", "the store's version")
+        try a.engine.drain(progress: { _, _ in })
+        let rewrite = try openAndWrite(a, "pushed.txt", Data("a change never synced".utf8))
+        try a.fs.release(handle: rewrite)
+        try a.write("new.txt", "never synced either")
+        try a.replica.persist()
+        // The log reached the disk (another file's fsync synced it); these cache files did not.
+        for name in ["pushed.txt", "new.txt"] { unlink(a.replica.cache.path(try a.resolve(name))) }
+        a.replica.releaseLock()
+        let again = try TestDevice(store: store, name: "a", directory: a.directory, boot: "boot-2")
+        defer { again.replica.releaseLock() }
+        #expect(try again.list("").sorted() == ["new.txt", "pushed.txt"])
+        #expect(try readAll(again, "new.txt").isEmpty, "a file never pushed nor synced is empty")
+        #expect(try String(decoding: readAll(again, "pushed.txt"), as: UTF8.self) == "the store's version")
+    }
+
     @Test func writesAfterAnFsyncAreUnacknowledgedAgain() throws {
         let store = InMemoryStore()
         let a = try TestDevice(store: store, name: "a")
