@@ -204,6 +204,30 @@ import Glibc
         return replica
     }
 
+    /// Records are written over zeros written ahead of them: a commit changes
+    /// neither the log's length nor its blocks, so its sync is a data flush.
+    @Test func recordsAreWrittenOverZerosAheadAndTheLogStillReplays() throws {
+        let d = try TestDevice(store: InMemoryStore())
+        defer { d.cleanUp() }
+        let replica = try replicaWithoutApplier(d, segmentSize: 1 << 30)
+        func length() -> Int {
+            var st = stat()
+            return stat(replica.log.path, &st) == 0 ? Int(st.st_size) : -1
+        }
+        try addFolders(replica, ["a"])
+        let before = length()
+        #expect(before >= replica.log.size + OperationLog.writtenAhead / 2)
+        try addFolders(replica, (0..<20).map { "b\($0)" })
+        #expect(length() == before, "the records went over the zeros")
+        // Past what was written ahead: more zeros follow.
+        try addFolders(replica, (0..<3000).map { "c\($0)" })
+        #expect(length() > replica.log.size)
+        replica.releaseLock()
+        let again = try Replica(directory: d.directory, rootOwner: (0, 0))
+        #expect(again.withNamespace { ns in ns.entries(of: Namespace.rootIno).count } == 3021)
+        again.releaseLock()
+    }
+
     @Test func aLogSQLiteIsBehindOnIsRotatedAndBothSegmentsReplay() throws {
         let d = try TestDevice(store: InMemoryStore())
         defer { d.cleanUp() }
