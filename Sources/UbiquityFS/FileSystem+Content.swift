@@ -135,20 +135,20 @@ extension FileSystem {
         try whileOpening(ino) { try openContentOnce(ino: ino, flags: flags, backing: backing) }
     }
 
-    /// Run `body` counted as an open under way on `ino` (`LocalNode.opening`):
+    /// Run `body` counted as an open under way on `ino` (`ContentOpens.swift`):
     /// eviction refuses meanwhile.
     func whileOpening<T>(_ ino: UInt64, _ body: () throws -> T) throws -> T {
-        replica.withNamespace { ns in ns.updateRuntime(ino) { $0.opening += 1 } }
-        defer { replica.withNamespace { ns in ns.updateRuntime(ino) { $0.opening -= 1 } } }
+        replica.withNamespace { ns in ns.beginOpening(ino) }
+        defer { replica.withNamespace { ns in ns.endOpening(ino) } }
         return try body()
     }
 
     func openContentOnce(ino: UInt64, flags: Int32, backing: (any BackingFiles)?) throws -> OpenReply {
         let writable = flags & O_ACCMODE != O_RDONLY
         var wasPlaceholder = false
-        var lostRace = false
+        // Each turn after the first follows a change that moved the content
+        // forward (see `ContentOpens.swift`): look again at once.
         for _ in 0..<Self.contentAttempts {
-            if lostRace { usleep(1_000) }
             let node = try replica.withNamespace { ns -> LocalNode in
                 guard let node = ns.node(ino) else { throw UbiquityError(ENOENT) }
                 return node
@@ -166,7 +166,6 @@ extension FileSystem {
                 } else {
                     try hooks.download(ino: ino, beforeWaiting: options.beforeLongWait)
                 }
-                lostRace = false
                 continue
             }
             if var opened = try openLocal(node, flags: flags, backing: backing) {
@@ -174,7 +173,6 @@ extension FileSystem {
                 if wasPlaceholder { opened.keepCache = false }
                 return opened
             }
-            lostRace = true
         }
         throw UbiquityError(EIO, "the content of inode \(ino) keeps changing; try again")
     }
@@ -281,17 +279,12 @@ extension FileSystem {
                   streaming: (size: UInt64, version: String?)? = nil, backing: (any BackingFiles)? = nil) -> OpenReply? {
         var kernelIO = KernelIO.cached
         let counted = replica.withNamespace { ns -> (UInt32, Bool)? in
-            guard let node = ns.node(ino) else { return nil }
-            if let expected, !node.hasContent || node.contentEpoch != expected { return nil }
+            guard let node = ns.openable(ino, epoch: expected) else { return nil }
             if let backing {
                 kernelIO = chooseKernelIO(node, fd: fd, localReader: expected != nil && !writable, writable: writable, backing: backing)
             }
             let now = MonotonicClock.now()
-            ns.updateRuntime(ino) {
-                $0.openCount += 1
-                $0.lastAccess = AccessClock.now()
-                if writable { $0.openWriters += 1 }
-            }
+            ns.countOpen(ino, writable: writable)
             // Keep the kernel's pages only if they were filled from this very content.
             let keepCache = kernel.opened(node) && streaming == nil
             if writable && expected != nil { changeContent(ino, from: node, in: &ns) { $0.beginContentChange(ino, monotonic: now) } }
@@ -371,16 +364,6 @@ extension FileSystem {
             ns.contentChangedUnseen(ino)
         }
         return last.backing
-    }
-
-    /// One writer of `ino` is gone. The last one acknowledges what was
-    /// written: no descriptor can write more, every `close` has returned.
-    func writerLeft(_ ino: UInt64, in ns: inout Namespace) {
-        ns.updateRuntime(ino) {
-            $0.openWriters -= 1
-            $0.lastContentChange = MonotonicClock.now()
-        }
-        if ns.node(ino)?.openWriters == 0 { ns.acknowledgeWrites(ino) }
     }
 
     func openFileFor(_ handle: UInt64) throws -> HandleTable.OpenFile {
@@ -533,8 +516,7 @@ extension FileSystem {
             // kernel's cache with it: make the next open drop that cache.
             if let node = ns.node(file.ino), node.contentEpoch != file.epoch { kernel.pagesStale(file.ino) }
             if file.kernelIO != .cached { unregister = passthroughReleased(file.ino, in: &ns) }
-            ns.updateRuntime(file.ino) { $0.openCount -= 1 }
-            if file.writable { writerLeft(file.ino, in: &ns) }
+            ns.countClose(file.ino, writable: file.writable)
             return ns.dropIfUnreferenced(file.ino)
         }
         if let unregister { file.backing?.unregister(unregister) }

@@ -331,7 +331,7 @@ public final class FileSystem: Sendable {
             }
             let registered = replica.withNamespace { ns -> Bool in
                 guard ns.node(ino)?.hasContent == true else { return false }
-                ns.updateRuntime(ino) { $0.openWriters += 1 }
+                ns.countWriter(ino)
                 changeContent(ino, in: &ns) { $0.beginContentChange(ino, monotonic: MonotonicClock.now()) }
                 return true
             }
@@ -340,13 +340,13 @@ public final class FileSystem: Sendable {
                 try commit(use, notify: false)
                 try syscallRetrying("truncate") { Glibc.truncate(replica.cache.path(ino), off_t(size)) }
             } catch {
-                replica.withNamespace { ns in writerLeft(ino, in: &ns) }
+                replica.withNamespace { ns in ns.writerLeft(ino) }
                 throw error
             }
             let now = Timespec.now()
             replica.withNamespace { ns in
                 changeContent(ino, in: &ns) { $0.contentChanged(ino, size: size, time: now, monotonic: MonotonicClock.now()) }
-                writerLeft(ino, in: &ns)
+                ns.writerLeft(ino)
             }
             return
         }

@@ -88,12 +88,13 @@ public struct LocalNode: Sendable {
 
     // Runtime only (never persisted).
     public var lookups: UInt64 = 0
-    public var openCount: Int32 = 0
-    public var openWriters: Int32 = 0
-    /// Opens (and truncations) under way: from looking at the node until the
-    /// open is counted (a placeholder's download included). Eviction keeps
-    /// off meanwhile, so an open never loses its content over and over.
-    public var opening: Int32 = 0
+    /// Opens and writers of the content, and opens under way (from looking
+    /// at the node until the open is counted, a placeholder's download
+    /// included: eviction keeps off meanwhile). Changed only through
+    /// `ContentOpens.swift`.
+    public internal(set) var openCount: Int32 = 0
+    public internal(set) var openWriters: Int32 = 0
+    public internal(set) var opening: Int32 = 0
     /// Writes between their check of `unacknowledgedWrites` and their update
     /// of the node: a `close` or `fsync` meanwhile does not acknowledge them.
     public var writesInFlight: Int32 = 0

@@ -288,10 +288,10 @@ import Glibc
         defer { a.cleanUp() }
         let ino = try a.write("f", "content")
         try a.engine.drain(progress: { _, _ in })
-        a.replica.withNamespace { ns in ns.updateRuntime(ino) { $0.opening += 1 } }
+        a.replica.withNamespace { ns in ns.beginOpening(ino) }
         let refusal = #expect(throws: UbiquityError.self) { try a.engine.evict(ino: ino) }
         #expect(refusal?.errno == EBUSY)
-        a.replica.withNamespace { ns in ns.updateRuntime(ino) { $0.opening -= 1 } }
+        a.replica.withNamespace { ns in ns.endOpening(ino) }
         let handle = try a.fs.open(ino: ino, flags: O_RDWR).handle
         #expect(throws: UbiquityError.self) { try a.engine.evict(ino: ino) }
         try a.fs.release(handle: handle)
