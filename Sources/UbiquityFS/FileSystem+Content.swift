@@ -27,8 +27,14 @@ struct HandleTable: Sendable {
 
     struct Listing: Sendable {
         var ino: UInt64
-        /// Snapshot of the directory, ordered by cookie (taken at opendir and at rewind).
-        var entries: [(name: FileName, ino: UInt64, cookie: UInt64)]
+        /// Snapshot of the directory (copy-on-write: nothing is copied unless
+        /// it changes), taken at the first read and at each rewind; nil before.
+        var directory: Directory?
+        /// Its positions in cookie order.
+        var order: [Int] = []
+        /// The folder's listing stamp when taken: while it holds, every entry
+        /// of the snapshot is still in the folder.
+        var stamp: UInt64 = 0
     }
 
     var nextHandle: UInt64 = 1
@@ -551,7 +557,12 @@ extension FileSystem {
 
     public func opendir(ino: UInt64) throws -> UInt64 {
         let ino = view.swap(ino)
-        let listing = try snapshot(ino)
+        try replica.withNamespace { ns in
+            guard let kind = ns.kind(of: ino) else { throw UbiquityError(ENOENT) }
+            guard kind == .directory else { throw UbiquityError(ENOTDIR) }
+        }
+        // The snapshot is taken by the first read (at offset 0, as a rewind).
+        let listing = HandleTable.Listing(ino: ino)
         return handles.withLock { table in
             let handle = table.allocate()
             table.listings[handle] = listing
@@ -569,12 +580,12 @@ extension FileSystem {
     }
 
     func snapshot(_ ino: UInt64) throws -> HandleTable.Listing {
-        try replica.withNamespace { ns in
-            guard let dir = ns.node(ino) else { throw UbiquityError(ENOENT) }
-            guard dir.kind == .directory else { throw UbiquityError(ENOTDIR) }
-            let entries = ns.entries(of: ino).map { (name: $0.key, ino: $0.value.ino, cookie: $0.value.cookie) }
-            return HandleTable.Listing(ino: ino, entries: entries.sorted { $0.cookie < $1.cookie })
+        let (directory, stamp) = try replica.withNamespace { ns in
+            guard let kind = ns.kind(of: ino) else { throw UbiquityError(ENOENT) }
+            guard kind == .directory else { throw UbiquityError(ENOTDIR) }
+            return (ns.entries(of: ino), ns.listingStamp(of: ino))
         }
+        return HandleTable.Listing(ino: ino, directory: directory, order: directory.positionsByCookie(), stamp: stamp)
     }
 
     /// Entries after `offset`, at most `limit`. With `plus`, each real entry
@@ -585,12 +596,13 @@ extension FileSystem {
             guard let listing = table.listings[handle] else { throw UbiquityError(EBADF) }
             return listing
         }
-        if offset == 0 {
-            // rewinddir: see the directory as it is now.
+        if offset == 0 || listing.directory == nil {
+            // The first read, or rewinddir: see the directory as it is now.
             listing = try snapshot(listing.ino)
             let fresh = listing
             handles.withLock { $0.listings[handle] = fresh }
         }
+        guard let directory = listing.directory else { return [] }
         var out: [DirectoryEntry] = []
         let dirIno = listing.ino
         if offset < 1 {
@@ -600,27 +612,36 @@ extension FileSystem {
             let parent = dirIno == view.root ? dirIno : replica.withNamespace { ns in ns.directoryParent[dirIno] ?? dirIno }
             out.append(DirectoryEntry(name: "..", ino: view.swap(parent), type: UInt32(S_IFDIR), nextOffset: 2, entry: nil))
         }
-        // First entry with a cookie above the offset (binary search: entries are sorted).
+        // First entry with a cookie above the offset (binary search: positions are in cookie order).
         var low = 0
-        var high = listing.entries.count
+        var high = listing.order.count
         while low < high {
             let mid = (low + high) / 2
-            if Int64(listing.entries[mid].cookie) <= offset { low = mid + 1 } else { high = mid }
+            if Int64(directory.cookie(at: listing.order[mid])) <= offset { low = mid + 1 } else { high = mid }
         }
         replica.withNamespace { ns in
             // Entries removed since the snapshot are skipped (not counted against
-            // the limit: an empty answer means the end of the directory).
-            for item in listing.entries[low...] {
+            // the limit: an empty answer means the end of the directory); while
+            // the folder's stamp holds, none was.
+            let unchanged = ns.listingStamp(of: dirIno) == listing.stamp
+            for position in listing.order[low...] {
                 if out.count >= limit { break }
-                guard let node = ns.node(item.ino), ns.lookup(dirIno, item.name) == item.ino,
-                      !(dirIno == view.root && item.name == view.hidden) else { continue }
+                let (name, value) = directory.entry(at: position)
+                guard unchanged || ns.lookup(dirIno, name) == value.ino,
+                      !(dirIno == view.root && name == view.hidden) else { continue }
                 var entry: EntryReply?
+                let type: UInt32
                 if plus {
-                    kernel.hold(item.ino, in: &ns)
+                    guard let node = ns.node(value.ino) else { continue }
+                    kernel.hold(value.ino, in: &ns)
                     entry = entryReply(node)
+                    type = node.kind.typeBits
+                } else {
+                    guard let kind = ns.kind(of: value.ino) else { continue }
+                    type = kind.typeBits
                 }
-                out.append(DirectoryEntry(name: item.name, ino: view.swap(item.ino), type: node.kind.typeBits,
-                                          nextOffset: Int64(item.cookie), entry: entry))
+                out.append(DirectoryEntry(name: name, ino: view.swap(value.ino), type: type,
+                                          nextOffset: Int64(value.cookie), entry: entry))
             }
         }
         return out

@@ -59,7 +59,7 @@ final class KernelReferences: Sendable {
             s.counts[ino, default: 0] += 1
             return true
         }
-        if counted { ns.updateRuntime(ino) { $0.lookups += 1 } }
+        if counted { ns.addLookups(ino, 1) }
     }
 
     /// The kernel forgot `count` references to `ino`; true if the node was
@@ -80,7 +80,7 @@ final class KernelReferences: Sendable {
             return given
         }
         guard given > 0 else { return false }
-        ns.updateRuntime(ino) { $0.lookups = $0.lookups >= given ? $0.lookups - given : 0 }
+        ns.addLookups(ino, -Int(given))
         return ns.dropIfUnreferenced(ino)
     }
 

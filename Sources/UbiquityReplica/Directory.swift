@@ -77,6 +77,25 @@ public struct Directory: Sequence, Sendable {
 
     public func makeIterator() -> Iterator { Iterator(directory: self) }
 
+    /// The entry at `position` (positions are 0..<count, in no particular order).
+    public func entry(at position: Int) -> (name: FileName, value: DirEntry) {
+        (name(at: entries[position].name), entries[position].value)
+    }
+
+    public func cookie(at position: Int) -> UInt64 { entries[position].cookie }
+
+    /// Every position, in cookie order (creation order: what a listing shows).
+    public func positionsByCookie() -> [Int] {
+        var positions = Array(entries.indices)
+        var sorted = true
+        for i in entries.indices.dropFirst() where entries[i - 1].cookie > entries[i].cookie {
+            sorted = false
+            break
+        }
+        if !sorted { positions.sort { entries[$0].cookie < entries[$1].cookie } }
+        return positions
+    }
+
     // MARK: Names
 
     /// Where the bytes of the name at `offset` are.

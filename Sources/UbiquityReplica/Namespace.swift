@@ -295,6 +295,14 @@ public struct Namespace: Sendable {
         touched(ino)
     }
 
+    /// Add `delta` to the kernels' lookup count of `ino` (runtime only): the
+    /// count is changed in place, the node is not made whole (a listing of
+    /// thousands of entries takes a reference to each, and gives them back).
+    public mutating func addLookups(_ ino: UInt64, _ delta: Int) {
+        if undo == nil, store.kind(of: ino) != nil, storeForWriting().addLookups(ino, delta) { return }
+        updateRuntime(ino) { n in n.lookups = delta >= 0 ? n.lookups + UInt64(delta) : n.lookups - min(n.lookups, UInt64(-delta)) }
+    }
+
     /// Runtime-only bookkeeping (lookup and open counts): not persisted.
     public mutating func updateRuntime(_ ino: UInt64, _ body: (inout LocalNode) -> Void) {
         guard var node = store.node(ino) else { return }
@@ -536,6 +544,8 @@ public struct Namespace: Sendable {
     /// can go).
     @discardableResult
     public mutating func dropIfUnreferenced(_ ino: UInt64) -> Bool {
+        // (Linked nodes, almost all, are told apart without making the node.)
+        guard let slot = store.slot(of: ino), store.isUnlinked(slot: slot) else { return false }
         guard let node = store.node(ino), node.unlinked, node.lookups == 0, node.openCount == 0,
               !node.hasUnpushedMetadata, ino != Self.rootIno else { return false }
         saveNode(ino)

@@ -267,6 +267,20 @@ final class NodeStore: @unchecked Sendable {
 
     func kind(of ino: UInt64) -> NodeKind? { slot(of: ino).map { kind(slot: $0) } }
 
+    /// Add `delta` to the lookup count of `ino` in its record, without
+    /// making the whole node: false (nothing changed) when the count lives
+    /// in the node's extras or would leave 16 bits.
+    func addLookups(_ ino: UInt64, _ delta: Int) -> Bool {
+        guard let slot = slot(of: ino) else { return false }
+        var r = record(slot)
+        if r.flags & NodeRecord.hasExtras != 0, extras[UInt32(slot)]?.lookups != nil { return false }
+        let count = Int(r.u16(NodeRecord.lookupsOffset)) + delta
+        guard count >= 0, count <= 0xFFFF else { return false }
+        r.set(u16: UInt16(count), NodeRecord.lookupsOffset)
+        setRecord(slot, r)
+        return true
+    }
+
     func isPinned(_ ino: UInt64) -> Bool { slot(of: ino).map { record($0).flags & NodeRecord.pinned != 0 } ?? false }
 
     // Single fields, read without making the whole node (for loops over many nodes).
