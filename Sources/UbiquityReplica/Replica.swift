@@ -210,7 +210,14 @@ public final class Replica: Sendable {
             return log.size >= logSegmentSize && applied == log.lastSeq
         }
         let indexDurable = dropsRecords && index.checkpointDurably()
-        if dropsRecords { try? syncJournaledFiles() }
+        if dropsRecords {
+            do {
+                try syncJournaledFiles()
+            } catch {
+                // The records stay in the log (it rotates instead), and the next batch tries again.
+                FileHandle.standardError.write(Data("ubiquityfs: journaled content cannot leave the operation log yet: \(error)\n".utf8))
+            }
+        }
         writer.withLock { _ in
             if let previous = log.previousLastSeq, applied >= previous, indexDurable,
                !holdsJournaledContent(upTo: previous) { log.removePrevious() }
