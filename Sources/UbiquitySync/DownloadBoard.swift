@@ -19,7 +19,7 @@ final class DownloadBoard: @unchecked Sendable {
         var verified: UInt64 = 0
         var done = false
         var error: UbiquityError?
-        var lastProgress: Date = Date()
+        var lastProgress: Date
 
         // Scheduling (guarded by the pool's monitor, like everything here).
         /// Distinguishes this job from an earlier, failed one of the same version.
@@ -56,10 +56,19 @@ final class DownloadBoard: @unchecked Sendable {
         /// Evicted while a reader streams it: stopped when the last stream closes.
         var evicted = false
         /// When a streaming reader was last served from memory.
-        var lastServed = Date()
+        var lastServed: Date
         /// Among the downloads the pool looks at (`DownloadPool.active`), not
         /// only queued behind others (`DownloadPool.queued`).
         var scheduled = false
+
+        /// A job for `total` bytes of version `hash`, begun at `started`
+        /// (on the engine's `downloadClock`, as every time here).
+        init(hash: String?, total: UInt64, started: Date) {
+            self.hash = hash
+            self.total = total
+            lastProgress = started
+            lastServed = started
+        }
 
         /// Put the missing chunks of a short range (a `read`) first in the
         /// queue, and the read-ahead after them.
@@ -73,12 +82,12 @@ final class DownloadBoard: @unchecked Sendable {
             cursor = last + 1
         }
 
-        /// Chunk `index` (`count` bytes) is verified in the partial file.
-        mutating func verify(_ index: Int, count: Int) {
+        /// Chunk `index` (`count` bytes) is verified in the partial file, at `now`.
+        mutating func verify(_ index: Int, count: Int, at now: Date) {
             state[index] = .verified
             verified += UInt64(count)
             remaining -= 1
-            lastProgress = Date()
+            lastProgress = now
         }
 
         /// Held chunk `index` is let go of, to be fetched again later (the

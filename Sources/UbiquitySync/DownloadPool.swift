@@ -151,12 +151,11 @@ final class DownloadPool: @unchecked Sendable {
         beginQueued()
         // 1. What readers wait for; finished downloads to install; held
         // chunks no stream needs any more, to write.
-        let now = Date()
         for entry in active {
             let board = entry.engine.downloads
             board.examined += 1
             guard var job = board.jobs[entry.key] else { continue }
-            if !job.held.isEmpty || job.passed > 0, !entry.engine.holdsChunks(entry.key, job, now: now) {
+            if !job.held.isEmpty || job.passed > 0, !entry.engine.holdsChunks(entry.key, job, now: entry.engine.downloadClock()) {
                 for index in 0..<job.state.count where job.state[index] == .passed { job.state[index] = .missing }
                 job.passed = 0
                 if let (index, chunk) = job.held.first(where: { $0.value.pins == 0 }) {
@@ -215,7 +214,7 @@ final class DownloadPool: @unchecked Sendable {
                 }
                 guard job.inFlight < max(1, entry.engine.store.downloadConcurrency) else { continue }
                 // A stream's read-ahead: only after the reader, and only so far.
-                let holding = entry.engine.holdsChunks(entry.key, job, now: now)
+                let holding = entry.engine.holdsChunks(entry.key, job, now: entry.engine.downloadClock())
                 if holding && (job.held.count + job.inFlight >= Self.heldPerDownload || heldChunks >= Self.heldInAll) { continue }
                 let count = chunks.count
                 for step in 0..<count {

@@ -91,7 +91,7 @@ extension SyncEngine {
         let key = DownloadBoard.JobKey(ino: ino, hash: version)
         downloads.withJobs { jobs in
             downloads.streams[key, default: 0] += 1
-            jobs[key]?.lastServed = Date()
+            jobs[key]?.lastServed = downloadClock()
         }
     }
 
@@ -169,7 +169,7 @@ extension SyncEngine {
         let key = DownloadBoard.JobKey(ino: ino, hash: node.hash)
         let pool = DownloadPool.shared
         pool.monitor.lock()
-        let stale = Date().addingTimeInterval(-600)
+        let stale = downloadClock().addingTimeInterval(-600)
         downloads.forgetFinished(before: stale)
         if var job = downloads.jobs[key], job.error == nil, !job.done {
             if (!background && job.background) || (keep && !job.keep) {
@@ -192,7 +192,7 @@ extension SyncEngine {
         var st = stat()
         let present = fd >= 0 && fstat(fd, &st) == 0 ? UInt64(max(0, st.st_size)) : 0
         if fd >= 0 { close(fd) }
-        var job = DownloadBoard.Job(hash: node.hash, total: node.hashSize)
+        var job = DownloadBoard.Job(hash: node.hash, total: node.hashSize, started: downloadClock())
         job.ino = ino
         job.background = background
         job.keep = keep
@@ -263,7 +263,7 @@ extension SyncEngine {
             if let error = job.error { throw error }
             if goal == .installed ? job.done : job.isReady(from: from, upTo: upTo, inMemory: toRead) {
                 guard toRead else { return [] }
-                downloads.jobs[key]?.lastServed = Date()
+                downloads.jobs[key]?.lastServed = downloadClock()
                 return pinHeld(key, job, from: from, upTo: upTo)
             }
             if !asked {
@@ -285,7 +285,7 @@ extension SyncEngine {
                 beforeWaiting()   // a FUSE worker: the mount goes on answering meanwhile
             }
             let last = max(job.lastProgress, pool.lastProgress)
-            if Date().timeIntervalSince(last) > Self.stallTimeout {
+            if downloadClock().timeIntervalSince(last) > Self.stallTimeout {
                 throw UbiquityError(EIO, "download of inode \(ino) made no progress for \(Int(Self.stallTimeout)) s")
             }
             pool.monitor.waitForProgress(seconds: 1)
@@ -325,7 +325,7 @@ extension SyncEngine {
             return
         }
         guard chunk.pins == 0, chunk.served >= chunk.count, var job = downloads.jobs[key], job.id == id,
-              job.held[index] === chunk, holdsChunks(key, job, now: Date()) else { return }
+              job.held[index] === chunk, holdsChunks(key, job, now: downloadClock()) else { return }
         job.letGo(index)
         downloads.jobs[key] = job
         pool.wake()   // the read-ahead may go on
@@ -364,7 +364,7 @@ extension SyncEngine {
         } else {
             // Kept (done) for a while: a reader of this version may still be
             // waiting for it even if a newer version replaced it meanwhile.
-            if jobsUpdate(key, id: id, { $0.done = true; $0.lastProgress = Date() }) {
+            if jobsUpdate(key, id: id, { $0.done = true; $0.lastProgress = downloadClock() }) {
                 downloads.finished.append((key, id))
             }
         }
@@ -396,7 +396,7 @@ extension SyncEngine {
                     $0.state = Array(repeating: .missing, count: manifest.chunks.count)
                     $0.remaining = manifest.chunks.count
                     $0.manifestInFlight = false
-                    $0.lastProgress = Date()
+                    $0.lastProgress = downloadClock()
                     for range in $0.waitingRanges { $0.ask(from: range.from, upTo: range.upTo) }
                     $0.waitingRanges = []
                 }
@@ -415,7 +415,7 @@ extension SyncEngine {
                         j.state[index] = .held
                         j.held[index] = held
                         pool.heldChunks += 1
-                        j.lastProgress = Date()
+                        j.lastProgress = downloadClock()
                         // Too many held (a reader jumped: urgent chunks came on top of
                         // the read-ahead): let go of the furthest one no reader is being
                         // served from (not the next one of a reader going forward).
@@ -424,13 +424,13 @@ extension SyncEngine {
                             j.letGo(last)
                         }
                     case .success(nil):
-                        j.verify(index, count: count)
+                        j.verify(index, count: count, at: downloadClock())
                     case .failure:
                         j.state[index] = .missing
                     }
                 }
                 if !recorded, case .success(let held?) = result { held.release() }
-                if case .success = result { pool.lastProgress = Date() }
+                if case .success = result { pool.lastProgress = downloadClock() }
                 pool.monitor.broadcastProgress()
                 pool.monitor.unlock()
                 _ = try result.get()
@@ -447,13 +447,13 @@ extension SyncEngine {
                 _ = jobsUpdate(key, id: job.id) { j in
                     j.inFlight -= 1
                     if case .success = result {
-                        j.verify(index, count: chunk.count)
+                        j.verify(index, count: chunk.count, at: downloadClock())
                     } else {
                         j.state[index] = .missing
                     }
                 }
                 chunk.release()
-                if case .success = result { pool.lastProgress = Date() }
+                if case .success = result { pool.lastProgress = downloadClock() }
                 pool.monitor.broadcastProgress()
                 pool.monitor.unlock()
                 try result.get()
@@ -488,7 +488,7 @@ extension SyncEngine {
         func holding() -> Bool {
             pool.monitor.lock()
             defer { pool.monitor.unlock() }
-            return downloads.jobs[key].map { holdsChunks(key, $0, now: Date()) } ?? false
+            return downloads.jobs[key].map { holdsChunks(key, $0, now: downloadClock()) } ?? false
         }
         if job.chunked && holding() {
             let buffer = try ChunkBuffer.take()

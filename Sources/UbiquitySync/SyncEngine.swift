@@ -78,6 +78,8 @@ public final class SyncEngine: Sendable {
     /// The wall clock records are dated by and retention periods measured
     /// with (tests move it: a week of edits in a second).
     let clock: @Sendable () -> Timespec
+    /// What downloads time their progress, streams and stalls by (tests move it).
+    let downloadClock: @Sendable () -> Date
     /// When `catchUpHistory` last made sure the history reaches back to the retention limit.
     let historyBackfilled = Lock<Date?>(nil)
     /// When the journal's base was last read (nil: read it at the next chance; `Rejoin.swift`).
@@ -86,8 +88,10 @@ public final class SyncEngine: Sendable {
     public init(replica: Replica, store: any Store, container: String, device: DeviceIdentity,
                 logger: Logger, writeBackDelay: Double = 0.2, cacheLimit: UInt64? = nil,
                 snapshotInterval: UInt64 = SyncEngine.defaultSnapshotInterval,
-                clock: @escaping @Sendable () -> Timespec = { .now() }) {
+                clock: @escaping @Sendable () -> Timespec = { .now() },
+                downloadClock: @escaping @Sendable () -> Date = { Date() }) {
         self.clock = clock
+        self.downloadClock = downloadClock
         self.replica = replica
         self.store = store
         self.container = container

@@ -63,6 +63,42 @@ import Glibc
         slow.slowFetches(by: nil)
     }
 
+    /// The download's clock is the engine's (`downloadClock`): a download
+    /// whose store stops answering fails once that clock says `stallTimeout`
+    /// passed with no progress — here at once, the clock being moved on.
+    @Test func aDownloadThatMakesNoProgressFailsByTheEnginesClock() throws {
+        let store = InMemoryStore()
+        let slow = FaultyStore(store)
+        let a = try TestDevice(store: store, name: "a")
+        defer { a.cleanUp() }
+        try a.write("f", String(repeating: "x", count: 3 << 20))   // chunked, fetched by the pool
+        try a.engine.drain(progress: { _, _ in })
+        let ahead = Lock(0.0)
+        let b = try TestDevice(store: slow, name: "b", downloadClock: { Date().addingTimeInterval(ahead.withLock { $0 }) })
+        defer { b.cleanUp() }
+        try b.engine.pull()
+        let ino = try b.resolve("f")
+        slow.slowFetches(by: 5)
+        defer { slow.slowFetches(by: nil) }
+        let started = Date()
+        let outcome = Lock<Result<Void, any Error>?>(nil)
+        let engine = b.engine
+        Thread.detachNewThread {
+            let result = Result { try engine.download(ino: ino) }
+            outcome.withLock { $0 = result }
+        }
+        Thread.sleep(forTimeInterval: 0.5)
+        #expect(outcome.withLock { $0 } == nil, "the download ended before its clock moved")
+        ahead.withLock { $0 = SyncEngine.stallTimeout + 1 }
+        while outcome.withLock({ $0 }) == nil && Date().timeIntervalSince(started) < 10 { Thread.sleep(forTimeInterval: 0.05) }
+        let message = outcome.withLock { result -> String? in
+            guard case .failure(let error)? = result else { return nil }
+            return "\(error)"
+        }
+        #expect(message?.contains("made no progress") == true, "\(String(describing: message))")
+        #expect(Date().timeIntervalSince(started) < 10, "the stall was found by the wall clock, not the engine's")
+    }
+
     /// An install waits for units of an earlier attempt still writing the
     /// partial file, woken when they finish; if they do not finish in time
     /// it fails (kept in status), never installs under them, and a later

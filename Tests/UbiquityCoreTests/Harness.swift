@@ -19,7 +19,8 @@ final class TestDevice: @unchecked Sendable {   // lets only; used from one test
 
     init(store: any Store, name: String = "device", directory: URL? = nil,
          snapshotInterval: UInt64 = SyncEngine.defaultSnapshotInterval,
-         clock: @escaping @Sendable () -> Timespec = { .now() }, retentionDays: Int? = nil, boot: String? = nil) throws {
+         clock: @escaping @Sendable () -> Timespec = { .now() }, retentionDays: Int? = nil, boot: String? = nil,
+         downloadClock: @escaping @Sendable () -> Date = { Date() }) throws {
         self.directory = directory ?? FileManager.default.temporaryDirectory
             .appendingPathComponent("ubq-core-\(UUID().uuidString)")
         replica = try Replica(directory: self.directory, rootOwner: (0, 0), boot: boot)
@@ -28,7 +29,8 @@ final class TestDevice: @unchecked Sendable {   // lets only; used from one test
         }
         engine = SyncEngine(replica: replica, store: store, container: Self.container,
                             device: DeviceIdentity(id: "\(name)-\(UUID().uuidString)", name: name),
-                            logger: Logger(label: "test"), writeBackDelay: 0, snapshotInterval: snapshotInterval, clock: clock)
+                            logger: Logger(label: "test"), writeBackDelay: 0, snapshotInterval: snapshotInterval, clock: clock,
+                            downloadClock: downloadClock)
         // As the daemon does when it opens a replica.
         try engine.recoverInterruptedWrites()
         fs = FileSystem(replica: replica, hooks: engine)
