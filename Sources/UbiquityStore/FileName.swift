@@ -28,9 +28,15 @@ public struct FileName: Hashable, Sendable, Comparable, CustomStringConvertible,
 
     public static func < (a: FileName, b: FileName) -> Bool { a.bytes.lexicographicallyPrecedes(b.bytes) }
 
+    /// The name NUL-terminated, in a temporary buffer (on the stack for a
+    /// name of the usual size: a listing makes one per entry).
     public func withCString<R>(_ body: (UnsafePointer<CChar>) throws -> R) rethrows -> R {
-        try (bytes + [0]).withUnsafeBufferPointer { buffer in
-            try buffer.baseAddress!.withMemoryRebound(to: CChar.self, capacity: buffer.count) { try body($0) }
+        try withUnsafeTemporaryAllocation(of: CChar.self, capacity: bytes.count + 1) { buffer in
+            bytes.withUnsafeBytes { raw in
+                if raw.count > 0 { UnsafeMutableRawPointer(buffer.baseAddress!).copyMemory(from: raw.baseAddress!, byteCount: raw.count) }
+            }
+            buffer[bytes.count] = 0
+            return try body(buffer.baseAddress!)
         }
     }
 
