@@ -169,43 +169,69 @@ def test_harness_sqlite_without_sync_loses_commits(lazyfs, tmp_path):
     assert counts["OFF"][0] < 20, counts
 
 
+class FileModel:
+    """Files written, cut and synced at random, with what each holds now and
+    what it held at its last fsync: after a power cut, every file must hold
+    exactly the latter."""
+
+    def __init__(self, names, rng, sizes):
+        self.names, self.rng, self.sizes = names, rng, sizes
+        self.current = {p: b"" for p in names}
+        self.durable = dict(self.current)
+        self.fds = {}
+
+    def open(self, flags=os.O_RDWR):
+        self.fds = {p: os.open(p, flags, 0o644) for p in self.names}
+
+    def close(self):
+        for fd in self.fds.values():
+            os.close(fd)
+        self.fds = {}
+
+    def step(self) -> bool:
+        """One random write, truncation or sync; False: time for a cut."""
+        p, op = self.rng.choice(self.names), self.rng.random()
+        if op < 0.55:
+            size = self.sizes(self.rng)
+            off = self.rng.randrange(0, len(self.current[p]) + 4 * KiB)
+            data = self.rng.randbytes(size)
+            os.pwrite(self.fds[p], data, off)
+            old = self.current[p]
+            self.current[p] = old[:off].ljust(off, b"\0") + data + old[off + size:]
+        elif op < 0.67:
+            size = self.rng.randrange(0, len(self.current[p]) + 16 * KiB)
+            os.ftruncate(self.fds[p], size)
+            self.current[p] = self.current[p][:size].ljust(size, b"\0")
+        elif op < 0.92:
+            (os.fdatasync if self.rng.random() < 0.5 else os.fsync)(self.fds[p])
+            self.durable[p] = self.current[p]
+        else:
+            return False
+        return True
+
+    def check_after_cut(self, step: int) -> None:
+        self.current = dict(self.durable)
+        for q in self.names:
+            got = os.pread(self.fds[q], 1 << 30, 0)
+            assert got == self.durable[q], (
+                f"step {step}: {q.name} is not what it was at its last fsync "
+                f"({len(got)} bytes, {len(self.durable[q])} synced)")
+
+
 def test_harness_matches_a_model_of_a_power_cut(lazyfs):
     """Random writes, truncations, fsyncs and cuts on a few files straight on
-    lazyfs, against a model: after each cut every file holds exactly what it
-    held at its last fsync (empty if never fsynced)."""
-    rng = random.Random(5)
-    names = [lazyfs.mountpoint / f"m{i}.bin" for i in range(3)]
-    current = {p: b"" for p in names}
-    durable = {p: b"" for p in names}
-    fds = {p: os.open(p, os.O_RDWR | os.O_CREAT, 0o644) for p in names}
+    lazyfs, against the model: after each cut every file holds exactly what
+    it held at its last fsync (empty if never fsynced)."""
+    model = FileModel([lazyfs.mountpoint / f"m{i}.bin" for i in range(3)], random.Random(5),
+                      lambda rng: rng.randrange(1, 150 * KiB))
+    model.open(os.O_RDWR | os.O_CREAT)
     try:
         for step in range(400):
-            p = rng.choice(names)
-            op = rng.random()
-            if op < 0.55:
-                off, size = rng.randrange(0, 400 * KiB), rng.randrange(1, 150 * KiB)
-                data = rng.randbytes(size)
-                os.pwrite(fds[p], data, off)
-                old = current[p]
-                current[p] = old[:off].ljust(off, b"\0") + data + old[off + size:]
-            elif op < 0.7:
-                size = rng.randrange(0, 500 * KiB)
-                os.ftruncate(fds[p], size)
-                current[p] = current[p][:size].ljust(size, b"\0")
-            elif op < 0.9:
-                (os.fdatasync if rng.random() < 0.5 else os.fsync)(fds[p])
-                durable[p] = current[p]
-            else:
+            if not model.step():
                 lazyfs.cut()
-                current = dict(durable)
-                for q in names:
-                    got = os.pread(fds[q], 1 << 30, 0)
-                    assert got == durable[q], (
-                        f"step {step}: {q.name} is not what it was at its last fsync "
-                        f"({len(got)} bytes, {len(durable[q])} synced)")
+                model.check_after_cut(step)
     finally:
-        for fd in fds.values():
-            os.close(fd)
+        model.close()
 
 
 # --------------------------------------------------------------------------
@@ -249,57 +275,35 @@ def test_fsynced_file_survives_under_its_name(lazy_device):
 
 
 def test_every_file_is_as_its_last_fsync_left_it_after_each_cut(lazyfs, make_device, store_link):
-    """A model of the mount under power cuts: random writes, truncations and
-    fsyncs on a few files (small changes are journaled in the operation log,
-    big ones sync the cache file), a cut now and then; after each, every file
-    is exactly what it was at its last fsync. The store is cut off, so
-    nothing is pushed: no version on the store side can stand in for one the
-    replica lost."""
+    """The model through the mount, under power cuts: random writes,
+    truncations and fsyncs on a few files (small changes are journaled in the
+    operation log, big ones sync the cache file), a cut now and then; after
+    each, every file is exactly what it was at its last fsync. The store is
+    cut off, so nothing is pushed: no version on the store side can stand in
+    for one the replica lost."""
     dev = make_device("a", store=store_link.path, data_home=lazyfs.mountpoint / "data")
     store_link.cut()
     wait_offline(dev)
     root = Path(dev.mountpoint)
-    rng = random.Random(7)
-    names = [root / f"f{i}.bin" for i in range(3)]
-    current = {p: b"" for p in names}
-    durable = dict(current)
-    for p in names:
+    model = FileModel([root / f"f{i}.bin" for i in range(3)], random.Random(7),
+                      lambda rng: rng.choice([rng.randrange(1, 600), rng.randrange(1, 20 * KiB),
+                                              rng.randrange(1, 200 * KiB)]))
+    for p in model.names:
         write_synced(p, b"")
-    fds = {p: os.open(p, os.O_RDWR) for p in names}
+    model.open()
+    played = 0   # (read after each remount: the next cut may take the daemon's log with it)
     try:
         for step in range(160):
-            p = rng.choice(names)
-            op = rng.random()
-            if op < 0.55:
-                size = rng.choice([rng.randrange(1, 600), rng.randrange(1, 20 * KiB), rng.randrange(1, 200 * KiB)])
-                off = rng.randrange(0, len(current[p]) + 4 * KiB)
-                data = rng.randbytes(size)
-                os.pwrite(fds[p], data, off)
-                old = current[p]
-                current[p] = old[:off].ljust(off, b"\0") + data + old[off + size:]
-            elif op < 0.65:
-                size = rng.randrange(0, max(1, len(current[p]) + 8 * KiB))
-                os.ftruncate(fds[p], size)
-                current[p] = current[p][:size].ljust(size, b"\0")
-            elif op < 0.92:
-                (os.fdatasync if rng.random() < 0.5 else os.fsync)(fds[p])
-                durable[p] = current[p]
-            else:
-                for fd in fds.values():
-                    os.close(fd)
+            if not model.step():
+                model.close()
                 power_cut(dev, lazyfs)
                 wait_offline(dev)
-                current = dict(durable)
-                fds = {q: os.open(q, os.O_RDWR) for q in names}
-                for q in names:
-                    got = os.pread(fds[q], 1 << 30, 0)
-                    assert got == durable[q], (
-                        f"step {step}: {q.name} is not what it was at its last fsync "
-                        f"({len(got)} bytes, {len(durable[q])} synced)")
+                played += "played back the journaled fsyncs of" in daemon_log(dev)
+                model.open()
+                model.check_after_cut(step)
     finally:
-        for fd in fds.values():
-            os.close(fd)
-    assert "played back the journaled fsyncs of" in daemon_log(dev), "no cut found journaled content to play back"
+        model.close()
+    assert played, "no cut found journaled content to play back"
 
 
 def test_editor_atomic_save_survives(lazy_device):
