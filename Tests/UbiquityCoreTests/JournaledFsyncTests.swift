@@ -35,13 +35,23 @@ import Glibc
         if let prefix { _ = truncate(path, off_t(prefix)) } else { unlink(path) }
     }
 
-    /// New files written, fsynced (journaled), written again; then the cache
-    /// files lose what they had not written back, and the replica is opened
-    /// again under `boot`.
-    func crashAfterJournaledFsyncs(reopenedAs boot: String, check: (TestDevice, _ new: UInt64, _ log: UInt64) throws -> Void) throws {
+    /// A device of boot "boot-1" does `before` (then commits), its replica is
+    /// closed as by a crash and opened again under `boot` for `after`.
+    func reopened(as boot: String, before: (TestDevice) throws -> Void, after: (TestDevice) throws -> Void) throws {
         let store = InMemoryStore()
         let a = try TestDevice(store: store, name: "a", boot: "boot-1")
         defer { a.cleanUp() }
+        try before(a)
+        try a.replica.persist()
+        a.replica.releaseLock()
+        let again = try TestDevice(store: store, name: "a", directory: a.directory, boot: boot)
+        defer { again.replica.releaseLock() }
+        try after(again)
+    }
+
+    /// New files written, fsynced (journaled), written again; then the cache
+    /// files lose what they had not written back.
+    func journaledFsyncsThenLostWrites(_ a: TestDevice) throws {
         // A new file: written, fsynced, then rewritten in part and fsynced again.
         let new = try create(a, "new.txt")
         try write(a, new.handle, at: 0, "hello, world")
@@ -58,81 +68,66 @@ import Glibc
         try a.replica.persist()
         loseUnsyncedWrites(cacheFile(a, new.ino), keeping: 3)
         loseUnsyncedWrites(cacheFile(a, log.ino))
-        a.replica.releaseLock()
-        let again = try TestDevice(store: store, name: "a", directory: a.directory, boot: boot)
-        defer { again.replica.releaseLock() }
-        try check(again, new.ino, log.ino)
     }
 
     @Test func aJournaledFsyncIsPlayedBackAfterTheMachineWentDown() throws {
-        try crashAfterJournaledFsyncs(reopenedAs: "boot-2") { (again: TestDevice, new: UInt64, log: UInt64) throws in
+        try reopened(as: "boot-2", before: journaledFsyncsThenLostWrites) { (again: TestDevice) throws in
             #expect(again.replica.playedJournaledFiles == 2)
             #expect(try again.read("new.txt") == "hello, WORLD and more")
             #expect(try again.read("log.txt") == "line 1\nline 2b\n")
-            #expect(try again.fs.getattr(ino: log).size == 15)
+            #expect(try again.fs.getattr(ino: try again.resolve("log.txt")).size == 15)
         }
     }
 
     @Test func afterTheDaemonsDeathTheCacheFilesAreTakenAsTheyAre() throws {
         // The same boot: the kernel kept every write (here, what the "cut" left is what it kept).
-        try crashAfterJournaledFsyncs(reopenedAs: "boot-1") { (again: TestDevice, new: UInt64, log: UInt64) throws in
+        try reopened(as: "boot-1", before: journaledFsyncsThenLostWrites) { (again: TestDevice) throws in
             #expect(again.replica.playedJournaledFiles == 0)
-            #expect(contents(cacheFile(again, new)) == "nev")
+            #expect(contents(cacheFile(again, try again.resolve("new.txt"))) == "nev")
         }
     }
 
     @Test func aCacheFileSyncedLaterEndsWhatTheJournalSaysOfIt() throws {
-        let store = InMemoryStore()
-        let a = try TestDevice(store: store, name: "a", boot: "boot-1")
-        defer { a.cleanUp() }
-        let file = try create(a, "f.bin")
-        try write(a, file.handle, at: 0, "small change")
-        try a.fs.fsync(handle: file.handle, dataOnly: false)
-        // Past what is journaled: the cache file itself is synced.
-        try write(a, file.handle, at: 0, String(repeating: "x", count: JournaledContent.largest + 1))
-        try a.fs.fsync(handle: file.handle, dataOnly: false)
-        try a.replica.persist()
-        // (What the disk holds after the cut: the synced file, here changed so a playback would show.)
-        try Data("the synced file".utf8).write(to: URL(fileURLWithPath: cacheFile(a, file.ino)))
-        a.replica.releaseLock()
-        let again = try TestDevice(store: store, name: "a", directory: a.directory, boot: "boot-2")
-        defer { again.replica.releaseLock() }
-        #expect(again.replica.playedJournaledFiles == 0)
-        #expect(contents(cacheFile(again, file.ino)) == "the synced file")
+        try reopened(as: "boot-2", before: { (a: TestDevice) throws in
+            let file = try create(a, "f.bin")
+            try write(a, file.handle, at: 0, "small change")
+            try a.fs.fsync(handle: file.handle, dataOnly: false)
+            // Past what is journaled: the cache file itself is synced.
+            try write(a, file.handle, at: 0, String(repeating: "x", count: JournaledContent.largest + 1))
+            try a.fs.fsync(handle: file.handle, dataOnly: false)
+            // (What the disk holds after the cut: the synced file, here changed so a playback would show.)
+            try Data("the synced file".utf8).write(to: URL(fileURLWithPath: cacheFile(a, file.ino)))
+        }, after: { (again: TestDevice) throws in
+            #expect(again.replica.playedJournaledFiles == 0)
+            #expect(contents(cacheFile(again, try again.resolve("f.bin"))) == "the synced file")
+        })
     }
 
     @Test func journaledRecordsLeaveTheLogOnlyWithTheirFilesSynced() throws {
-        let store = InMemoryStore()
-        let a = try TestDevice(store: store, name: "a", boot: "boot-1")
-        defer { a.cleanUp() }
-        let file = try create(a, "f.txt")
-        try write(a, file.handle, at: 0, "kept")
-        try a.fs.fsync(handle: file.handle, dataOnly: false)
-        #expect(a.replica.holdsJournaledContent(upTo: .max))
-        // Closing the replica empties the log: the file is synced first.
-        try a.replica.commitAndCheckpoint()
-        #expect(!a.replica.holdsJournaledContent(upTo: .max))
-        a.replica.releaseLock()
-        let again = try TestDevice(store: store, name: "a", directory: a.directory, boot: "boot-2")
-        defer { again.replica.releaseLock() }
-        #expect(again.replica.playedJournaledFiles == 0, "no record is left to play")
-        #expect(try again.read("f.txt") == "kept")
+        try reopened(as: "boot-2", before: { (a: TestDevice) throws in
+            let file = try create(a, "f.txt")
+            try write(a, file.handle, at: 0, "kept")
+            try a.fs.fsync(handle: file.handle, dataOnly: false)
+            #expect(a.replica.holdsJournaledContent(upTo: .max))
+            // Closing the replica empties the log: the file is synced first.
+            try a.replica.commitAndCheckpoint()
+            #expect(!a.replica.holdsJournaledContent(upTo: .max))
+        }, after: { (again: TestDevice) throws in
+            #expect(again.replica.playedJournaledFiles == 0, "no record is left to play")
+            #expect(try again.read("f.txt") == "kept")
+        })
     }
 
     @Test func aVersionPushedAfterTheRecordIsNotOverwritten() throws {
-        let store = InMemoryStore()
-        let a = try TestDevice(store: store, name: "a", boot: "boot-1")
-        defer { a.cleanUp() }
-        let file = try create(a, "f.txt")
-        try write(a, file.handle, at: 0, "journaled")
-        try a.fs.fsync(handle: file.handle, dataOnly: false)
-        try a.fs.release(handle: file.handle)
-        try a.engine.drain(progress: { _, _ in })   // pushed: the store holds it now
-        try a.replica.persist()
-        a.replica.releaseLock()
-        let again = try TestDevice(store: store, name: "a", directory: a.directory, boot: "boot-2")
-        defer { again.replica.releaseLock() }
-        #expect(again.replica.playedJournaledFiles == 0)
-        #expect(try again.read("f.txt") == "journaled")
+        try reopened(as: "boot-2", before: { (a: TestDevice) throws in
+            let file = try create(a, "f.txt")
+            try write(a, file.handle, at: 0, "journaled")
+            try a.fs.fsync(handle: file.handle, dataOnly: false)
+            try a.fs.release(handle: file.handle)
+            try a.engine.drain(progress: { _, _ in })   // pushed: the store holds it now
+        }, after: { (again: TestDevice) throws in
+            #expect(again.replica.playedJournaledFiles == 0)
+            #expect(try again.read("f.txt") == "journaled")
+        })
     }
 }

@@ -152,18 +152,25 @@ def test_query_over_a_mount_and_its_watch(make_device):
         watch.wait(10)
 
 
-def test_a_mount_that_ends_gives_back_its_kernels_references(store, make_device):
-    """Two mounts of one container on one device (a Data mount and a whole
-    mount): what the kernel of the one that ends still held is given back,
-    so a file deleted afterwards through the other is dropped with its local
-    copy — not kept until the container closes."""
-    from test_sync import eventually, wait_pushed
+def whole_and_data_mounts(store, make_device):
+    """The container made, then mounted twice on one device: whole (`--scope
+    all`) and its Data scope, sharing one daemon and replica."""
     made = container(store, "create", CONTAINER, "--name", "Notes")
     assert made.returncode == 0, made.stderr
     whole = scoped(make_device, "a", "all")
     data = make_device("a", mount=False, container=CONTAINER, data_home=whole.data_home)
     data.mount_args = ("--scope", "data")
     data.mount()
+    return whole, data
+
+
+def test_a_mount_that_ends_gives_back_its_kernels_references(store, make_device):
+    """Two mounts of one container on one device (a Data mount and a whole
+    mount): what the kernel of the one that ends still held is given back,
+    so a file deleted afterwards through the other is dropped with its local
+    copy — not kept until the container closes."""
+    from test_sync import eventually, wait_pushed
+    whole, data = whole_and_data_mounts(store, make_device)
     size = 123_457
     (whole.mountpoint / "kept.bin").write_bytes(os.urandom(size))
     wait_pushed(whole)
@@ -226,12 +233,7 @@ def test_two_mounts_of_a_container_see_each_others_folder_changes_at_once(store,
     """Each mount's kernel keeps its folder listings between opens; a change
     through the other mount of the same container, on the same device,
     shows in the next listing all the same (no attribute timeout to wait)."""
-    made = container(store, "create", CONTAINER, "--name", "Notes")
-    assert made.returncode == 0, made.stderr
-    whole = scoped(make_device, "a", "all")
-    data = make_device("a", mount=False, container=CONTAINER, data_home=whole.data_home)
-    data.mount_args = ("--scope", "data")
-    data.mount()
+    whole, data = whole_and_data_mounts(store, make_device)
     os.mkdir(data.mountpoint / "cache")
     for i in range(50):
         (data.mountpoint / "cache" / f"f{i}").write_text("x")
