@@ -100,6 +100,19 @@ struct ContentTracker: Sendable {
 
     mutating func add(_ range: Range<UInt64>) {
         guard !range.isEmpty else { return }
+        // An append or a sequential write: the last range grows, or one follows it.
+        if let last = ranges.last, range.lowerBound >= last.lowerBound {
+            if range.lowerBound <= last.upperBound {
+                ranges[ranges.count - 1] = last.lowerBound..<max(last.upperBound, range.upperBound)
+                return
+            }
+            ranges.append(range)
+            return
+        }
+        if ranges.isEmpty {
+            ranges = [range]
+            return
+        }
         var merged = range
         var kept: [Range<UInt64>] = []
         kept.reserveCapacity(ranges.count + 1)
@@ -218,7 +231,9 @@ extension Replica {
 
     /// After a crash of the machine: play each file's journaled content onto
     /// its cache file where the node still has local content of the version
-    /// recorded (see `JournaledContent`). Returns the files played. (A file
+    /// recorded (see `JournaledContent`). Returns the files played; the
+    /// caller syncs them (`syncCacheFiles`) with the other files the records
+    /// name before the log is emptied. (A file
     /// whose node says writes began after its last `fsync` keeps that mark:
     /// the crash recovery makes it a recovered copy, as for any file.)
     static func playJournaledContent(_ journal: [UInt64: [JournaledContent]], into ns: inout Namespace,
@@ -232,8 +247,6 @@ extension Replica {
             let fd = try syscallRetrying("open \(path)") { open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0o600) }
             defer { close(fd) }
             for record in records { try record.play(onto: fd) }
-            try syscallRetrying("fsync \(path)") { fsync(fd) }
-            try LinuxCalls.syncDirectory((path as NSString).deletingLastPathComponent)
             played += 1
         }
         return played

@@ -299,7 +299,7 @@ public struct Namespace: Sendable {
     /// count is changed in place, the node is not made whole (a listing of
     /// thousands of entries takes a reference to each, and gives them back).
     public mutating func addLookups(_ ino: UInt64, _ delta: Int) {
-        if undo == nil, store.kind(of: ino) != nil, storeForWriting().addLookups(ino, delta) { return }
+        if undo == nil, storeForWriting().addLookups(ino, delta) { return }
         updateRuntime(ino) { n in n.lookups = delta >= 0 ? n.lookups + UInt64(delta) : n.lookups - min(n.lookups, UInt64(-delta)) }
     }
 

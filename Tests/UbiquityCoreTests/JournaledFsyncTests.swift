@@ -70,6 +70,21 @@ import Glibc
         loseUnsyncedWrites(cacheFile(a, log.ino))
     }
 
+    @Test func trackedRangesStaySortedDisjointAndNotTouching() {
+        var tracker = ContentTracker(generation: 0, epoch: 0, smallestSize: 0)
+        tracker.add(0..<10)
+        tracker.add(10..<20)      // appended: grows the last
+        tracker.add(30..<40)      // after a gap
+        tracker.add(5..<8)        // inside the first
+        tracker.add(25..<31)      // before the last, touching it
+        tracker.add(50..<50)      // empty
+        #expect(tracker.ranges == [0..<20, 25..<40])
+        tracker.add(15..<26)      // joins both
+        #expect(tracker.ranges == [0..<40])
+        tracker.cut(to: 12)
+        #expect(tracker.ranges == [0..<12] && tracker.smallestSize == 0)
+    }
+
     @Test func aJournaledFsyncIsPlayedBackAfterTheMachineWentDown() throws {
         try reopened(as: "boot-2", before: journaledFsyncsThenLostWrites) { (again: TestDevice) throws in
             #expect(again.replica.playedJournaledFiles == 2)
