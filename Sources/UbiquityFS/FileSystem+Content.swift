@@ -689,7 +689,8 @@ extension FileSystem {
     /// `listxattr` does not list them, so `cp -a` and `rsync -X` never copy them.
     public func getxattr(ino: UInt64, name: String) throws -> Data {
         let ino = view.swap(ino)
-        guard name.hasPrefix("user.") else { throw UbiquityError(name.contains(".") ? ENODATA : EOPNOTSUPP) }
+        // Asked on every write (`security.capability`, to drop privileges): kept cheap.
+        guard name.hasPrefix("user.") else { throw UbiquityError(name.utf8.contains(UInt8(ascii: ".")) ? ENODATA : EOPNOTSUPP) }
         if name.hasPrefix(Self.statusAttributePrefix) {
             guard let value = hooks.statusAttribute(ino: ino, name: name) else { throw UbiquityError(ENODATA) }
             return value

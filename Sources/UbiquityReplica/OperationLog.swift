@@ -439,17 +439,49 @@ struct ByteReader {
 }
 
 /// CRC-32 (IEEE 802.3), for telling a whole log record from a cut-off one.
+///
+/// Slicing-by-8 (eight bytes per step through eight tables): the same
+/// checksum as the byte-at-a-time table, about five times as fast; it was
+/// the daemon's largest user-space cost in a loop of small appends and
+/// `fdatasync`s, where each record is checksummed once written and once
+/// when `IndexApplier` decodes it.
 enum CRC32 {
-    static let table: [UInt32] = (0..<256).map { i -> UInt32 in
-        var c = UInt32(i)
-        for _ in 0..<8 { c = c & 1 != 0 ? 0xEDB8_8320 ^ (c >> 1) : c >> 1 }
-        return c
-    }
+    /// `tables[k][b]`: the CRC of byte `b` followed by `k` zero bytes.
+    static let tables: [UInt32] = {
+        var t = [UInt32](repeating: 0, count: 8 * 256)
+        for i in 0..<256 {
+            var c = UInt32(i)
+            for _ in 0..<8 { c = c & 1 != 0 ? 0xEDB8_8320 ^ (c >> 1) : c >> 1 }
+            t[i] = c
+        }
+        for k in 1..<8 {
+            for i in 0..<256 {
+                let previous = t[(k - 1) * 256 + i]
+                t[k * 256 + i] = t[Int(previous & 0xFF)] ^ (previous >> 8)
+            }
+        }
+        return t
+    }()
 
     static func checksum(_ bytes: ArraySlice<UInt8>) -> UInt32 {
         var crc: UInt32 = 0xFFFF_FFFF
-        table.withUnsafeBufferPointer { t in
-            for b in bytes { crc = t[Int((crc ^ UInt32(b)) & 0xFF)] ^ (crc >> 8) }
+        tables.withUnsafeBufferPointer { t in
+            bytes.withUnsafeBufferPointer { b in
+                var i = 0
+                let n = b.count
+                while i + 8 <= n {
+                    let low = crc ^ (UInt32(b[i]) | UInt32(b[i + 1]) << 8 | UInt32(b[i + 2]) << 16 | UInt32(b[i + 3]) << 24)
+                    crc = t[7 * 256 + Int(low & 0xFF)] ^ t[6 * 256 + Int((low >> 8) & 0xFF)]
+                        ^ t[5 * 256 + Int((low >> 16) & 0xFF)] ^ t[4 * 256 + Int(low >> 24)]
+                        ^ t[3 * 256 + Int(b[i + 4])] ^ t[2 * 256 + Int(b[i + 5])]
+                        ^ t[256 + Int(b[i + 6])] ^ t[Int(b[i + 7])]
+                    i += 8
+                }
+                while i < n {
+                    crc = t[Int((crc ^ UInt32(b[i])) & 0xFF)] ^ (crc >> 8)
+                    i += 1
+                }
+            }
         }
         return crc ^ 0xFFFF_FFFF
     }

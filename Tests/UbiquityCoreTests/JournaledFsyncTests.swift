@@ -133,6 +133,29 @@ import Glibc
         })
     }
 
+    /// Records naming many files leave the log after one `syncfs` where it
+    /// reaches the disk (this replica is on the test machine's disk), and
+    /// after a sync of each file on FUSE, which does not pass `syncfs` on.
+    @Test func manyJournaledFilesLeaveTheLogTogether() throws {
+        #expect(Replica.syncfsReachesTheDisk(filesystemType: 0xEF53))        // ext4
+        #expect(!Replica.syncfsReachesTheDisk(filesystemType: 0x6573_5546))  // FUSE
+        #expect(!Replica.syncfsReachesTheDisk(filesystemType: 0x6969))       // NFS
+        let count = Replica.syncfsFrom * 3
+        try reopened(as: "boot-2", before: { (a: TestDevice) throws in
+            for i in 0..<count {
+                let file = try create(a, "f\(i).txt")
+                try write(a, file.handle, at: 0, "kept \(i)")
+                try a.fs.fsync(handle: file.handle, dataOnly: false)
+            }
+            #expect(a.replica.holdsJournaledContent(upTo: .max))
+            try a.replica.commitAndCheckpoint()
+            #expect(!a.replica.holdsJournaledContent(upTo: .max))
+        }, after: { (again: TestDevice) throws in
+            #expect(again.replica.playedJournaledFiles == 0, "no record is left to play")
+            for i in 0..<count { #expect(try again.read("f\(i).txt") == "kept \(i)") }
+        })
+    }
+
     @Test func aVersionPushedAfterTheRecordIsNotOverwritten() throws {
         try reopened(as: "boot-2", before: { (a: TestDevice) throws in
             let file = try create(a, "f.txt")

@@ -52,6 +52,29 @@ import Glibc
         try d.replica.persist()
     }
 
+    /// The record checksum is CRC-32 (IEEE): the standard check value, and
+    /// the bit-at-a-time definition for every length and slice start (the
+    /// eight-byte steps and the tail).
+    @Test func theRecordChecksumIsCRC32() {
+        #expect(CRC32.checksum(ArraySlice("123456789".utf8)) == 0xCBF4_3926)
+        #expect(CRC32.checksum([]) == 0)
+        func definition(_ bytes: ArraySlice<UInt8>) -> UInt32 {
+            var crc: UInt32 = 0xFFFF_FFFF
+            for byte in bytes {
+                crc ^= UInt32(byte)
+                for _ in 0..<8 { crc = crc & 1 != 0 ? 0xEDB8_8320 ^ (crc >> 1) : crc >> 1 }
+            }
+            return ~crc
+        }
+        var generator = SystemRandomNumberGenerator()
+        let bytes = (0..<300).map { _ in UInt8.random(in: 0...255, using: &generator) }
+        for start in 0..<9 {
+            for end in start...bytes.count where end - start < 40 || end == bytes.count {
+                #expect(CRC32.checksum(bytes[start..<end]) == definition(bytes[start..<end]), "bytes \(start)..<\(end)")
+            }
+        }
+    }
+
     @Test func changesOnlyInTheLogSurviveACrash() throws {
         let d = try TestDevice(store: InMemoryStore())
         defer { d.cleanUp() }

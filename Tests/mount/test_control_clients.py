@@ -59,9 +59,11 @@ def test_a_watch_client_that_never_reads_does_not_hold_up_unmount(make_device):
         pending = client.recv(1 << 20, socket.MSG_PEEK | socket.MSG_DONTWAIT)
         assert len(pending) > 0, "the daemon sent nothing: the test does not block its send"
 
-        # Longer than the daemon's send timeout (10 s; a send that moved
-        # some bytes may wait once more).
-        time.sleep(25)
+        # The daemon's send timeout is 10 s; a send that moved some bytes
+        # may wait once more. Give it 25 s.
+        deadline = time.monotonic() + 25
+        while request_threads(dev.pid) > 0 and time.monotonic() < deadline:
+            time.sleep(0.5)
         assert request_threads(dev.pid) == 0, "a thread still sends to a client that read nothing for 25 s"
         # Dropped: what was sent is there to read, then the end (no more
         # results, gathering-finished marker or heartbeats).

@@ -12,11 +12,11 @@ the final check.  They run fewer rounds (CI time).
 
 Environment:
   UBQ_PARTITION_SEED=N     the seed (default: 2 for 3 devices, 1 for 2 devices)
-  UBQ_PARTITION_ROUNDS=N   rounds per run (default 10)
+  UBQ_PARTITION_ROUNDS=N   rounds per run (default 6; campaigns run more)
   UBQ_PARTITION_DEVICES=N  run only the 2- or the 3-device variant
   UBQ_PARTITION_SKIP=K,..  skip kinds of operation (rmdir, dir-over), to look
                            past a known bug
-  UBQ_PARTITION_S3_ROUNDS=N  rounds of the S3 variants (default 4)
+  UBQ_PARTITION_S3_ROUNDS=N  rounds of the S3 variants (default 3)
 
 A failure prints the seed, the round, the tree at the start of that round, the
 operations of every device in it, and the diff between the devices' trees.
@@ -35,8 +35,8 @@ from partition import DEFAULT_ONLINE_FAULTS, Partition, env_int, parse_skip
 pytestmark = pytest.mark.daemon
 
 DEFAULT_SEEDS = {3: 2, 2: 1}
-ROUNDS = env_int("UBQ_PARTITION_ROUNDS", 10)
-S3_ROUNDS = env_int("UBQ_PARTITION_S3_ROUNDS", 4)
+ROUNDS = env_int("UBQ_PARTITION_ROUNDS", 6)
+S3_ROUNDS = env_int("UBQ_PARTITION_S3_ROUNDS", 3)
 ONLY = env_int("UBQ_PARTITION_DEVICES", 0)
 VARIANTS = [n for n in (3, 2) if ONLY in (0, n)]
 

@@ -296,7 +296,7 @@ def test_open_for_writing_racing_evict_loses_nothing(make_device):
     rng = random.Random(7)
     last = stamp(0)
     i = 0
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 15
     try:
         while time.monotonic() < deadline and not failures:
             i += 1
