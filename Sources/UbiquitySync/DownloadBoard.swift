@@ -70,6 +70,38 @@ final class DownloadBoard: @unchecked Sendable {
             lastServed = started
         }
 
+        // MARK: The job's state machine
+        //
+        // Every change of a job's state is one of these (the caller holds
+        // the pool's monitor; `DownloadPool.change` keeps the pool's count
+        // of held chunks right). Times come from the engine's
+        // `downloadClock`: a test drives a job with its own.
+
+        /// The chunks are known (the manifest arrived, or the content is a
+        /// single blob): all missing; the ranges readers asked for while the
+        /// manifest was on its way go first.
+        mutating func learnChunks(_ blobs: [String], chunkSize: UInt64, at now: Date) {
+            chunks = blobs
+            self.chunkSize = max(1, chunkSize)
+            state = Array(repeating: .missing, count: blobs.count)
+            remaining = blobs.count
+            manifestInFlight = false
+            lastProgress = now
+            for range in waitingRanges { ask(from: range.from, upTo: range.upTo) }
+            waitingRanges = []
+        }
+
+        /// A reader waits for bytes `from..<upTo`: before the manifest is in,
+        /// the range waits with it; after, its missing chunks go first.
+        mutating func readerWaits(from: UInt64, upTo: UInt64) {
+            if chunks != nil {
+                ask(from: from, upTo: upTo)
+            } else {
+                readerWaiting = true
+                waitingRanges.append((from, upTo))
+            }
+        }
+
         /// Put the missing chunks of a short range (a `read`) first in the
         /// queue, and the read-ahead after them.
         mutating func ask(from: UInt64, upTo: UInt64) {
@@ -82,21 +114,130 @@ final class DownloadBoard: @unchecked Sendable {
             cursor = last + 1
         }
 
-        /// Chunk `index` (`count` bytes) is verified in the partial file, at `now`.
-        mutating func verify(_ index: Int, count: Int, at now: Date) {
-            state[index] = .verified
-            verified += UInt64(count)
-            remaining -= 1
-            lastProgress = now
+        /// The manifest's fetch, if it is wanted and nobody fetches it
+        /// (`onlyForReaders`: only if a reader waits for it).
+        mutating func takeManifest(onlyForReaders: Bool) -> Bool {
+            guard chunks == nil, !manifestInFlight, readerWaiting || !onlyForReaders else { return false }
+            manifestInFlight = true
+            return true
         }
 
-        /// Held chunk `index` is let go of, to be fetched again later (the
-        /// caller holds the pool's monitor).
+        /// The manifest could not be fetched: the next look tries again.
+        mutating func manifestFailed() { manifestInFlight = false }
+
+        /// Chunk `index` is handed to a worker to fetch (or to write).
+        mutating func take(_ index: Int) {
+            state[index] = .fetching
+            inFlight += 1
+        }
+
+        /// The next chunk a reader waits for, taken; nil if none.
+        mutating func takeUrgent() -> Int? {
+            while let index = urgent.first {
+                urgent.removeFirst()
+                guard state[index] == .missing || state[index] == .passed else { continue }
+                if state[index] == .passed { passed -= 1 }
+                take(index)
+                return index
+            }
+            return nil
+        }
+
+        /// The next chunk of the read-ahead, taken: from the cursor on, and
+        /// for a stream (`holding`) never behind it; nil if none.
+        mutating func takeReadAhead(holding: Bool) -> Int? {
+            guard let chunks else { return nil }
+            for step in 0..<chunks.count {
+                let index = (cursor + step) % chunks.count
+                if holding && index < cursor { break }
+                if state[index] == .missing {
+                    cursor = index + 1
+                    take(index)
+                    return index
+                }
+            }
+            return nil
+        }
+
+        /// No stream needs the held chunks any more: chunks let go of are
+        /// missing again (fetched once more, into the file), and a held chunk
+        /// nobody reads is taken to be written to the partial file.
+        mutating func takeHeldToStore() -> (index: Int, chunk: HeldChunk)? {
+            for index in 0..<state.count where state[index] == .passed { state[index] = .missing }
+            passed = 0
+            guard let (index, chunk) = held.first(where: { $0.value.pins == 0 }) else { return nil }
+            held[index] = nil
+            take(index)
+            return (index, chunk)
+        }
+
+        /// Every chunk is verified and nothing is under way: the install,
+        /// taken (an evicted file is not installed; its download stops when
+        /// its last stream closes).
+        mutating func takeInstall() -> Bool {
+            guard chunks != nil, remaining == 0, !installing, inFlight == 0, !evicted else { return false }
+            installing = true
+            return true
+        }
+
+        /// What a worker's fetch (or write) of chunk `index`, `count` bytes, came to.
+        enum Outcome {
+            /// Verified in the partial file.
+            case written
+            /// Verified and held in memory for streaming readers.
+            case held(HeldChunk)
+            /// Failed: the chunk is missing again.
+            case failed
+        }
+
+        /// A worker's unit on chunk `index` ended. A chunk held past
+        /// `DownloadPool.heldPerDownload` (a reader jumped: urgent chunks
+        /// came on top of the read-ahead) makes the job let go of the
+        /// furthest one no reader is being served from.
+        mutating func ended(_ index: Int, count: Int, _ outcome: Outcome, at now: Date) {
+            inFlight -= 1
+            switch outcome {
+            case .written:
+                state[index] = .verified
+                verified += UInt64(count)
+                remaining -= 1
+                lastProgress = now
+            case .held(let chunk):
+                state[index] = .held
+                held[index] = chunk
+                lastProgress = now
+                if held.count > DownloadPool.heldPerDownload,
+                   let last = held.filter({ $0.key != index && $0.value.pins == 0 }).keys.max() {
+                    letGo(last)
+                }
+            case .failed:
+                state[index] = .missing
+            }
+        }
+
+        /// Held chunk `index` is let go of, to be fetched again later.
         mutating func letGo(_ index: Int) {
             held.removeValue(forKey: index)?.release()
             state[index] = .passed
             passed += 1
-            DownloadPool.shared.heldChunks -= 1
+        }
+
+        /// Installed: kept a while for readers of this version.
+        mutating func finish(at now: Date) {
+            done = true
+            lastProgress = now
+        }
+
+        /// Failed for good: readers get `error`; held chunks go.
+        mutating func fail(_ error: UbiquityError) {
+            self.error = error
+            letGoOfEverything()
+        }
+
+        /// Let go of every held chunk (a failure, a stop).
+        mutating func letGoOfEverything() {
+            for chunk in held.values { chunk.release() }
+            held = [:]
         }
 
         /// Whether bytes `from..<upTo` are verified in the cache file (or,

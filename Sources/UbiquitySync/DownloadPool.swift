@@ -155,40 +155,14 @@ final class DownloadPool: @unchecked Sendable {
             let board = entry.engine.downloads
             board.examined += 1
             guard var job = board.jobs[entry.key] else { continue }
-            if !job.held.isEmpty || job.passed > 0, !entry.engine.holdsChunks(entry.key, job, now: entry.engine.downloadClock()) {
-                for index in 0..<job.state.count where job.state[index] == .passed { job.state[index] = .missing }
-                job.passed = 0
-                if let (index, chunk) = job.held.first(where: { $0.value.pins == 0 }) {
-                    job.held[index] = nil
-                    heldChunks -= 1
-                    job.state[index] = .fetching
-                    job.inFlight += 1
-                    writers[job.partial, default: 0] += 1
-                    board.jobs[entry.key] = job
-                    return (entry, .store(index, chunk), job)
-                }
-                board.jobs[entry.key] = job
+            defer { board.jobs[entry.key] = job }
+            if !job.held.isEmpty || job.passed > 0, !entry.engine.holdsChunks(entry.key, job, now: entry.engine.downloadClock()),
+               let (index, chunk) = change(&job, { $0.takeHeldToStore() }) {
+                return handOut(.store(index, chunk), of: job, entry)
             }
-            if job.chunks != nil && job.remaining == 0 {
-                // An evicted file is not installed: its download stops when its last stream closes.
-                guard !job.installing && job.inFlight == 0 && !job.evicted else { continue }
-                job.installing = true
-                board.jobs[entry.key] = job
-                return (entry, .install, job)
-            }
-            if job.chunks == nil && job.readerWaiting && !job.manifestInFlight {
-                job.manifestInFlight = true
-                board.jobs[entry.key] = job
-                return (entry, .manifest, job)
-            }
-            while let index = job.urgent.first {
-                job.urgent.removeFirst()
-                if job.state[index] == .missing || job.state[index] == .passed {
-                    if job.state[index] == .passed { job.passed -= 1 }
-                    return (entry, .chunk(index), take(index, of: &job, entry))
-                }
-            }
-            board.jobs[entry.key] = job
+            if job.takeInstall() { return (entry, .install, job) }
+            if job.takeManifest(onlyForReaders: true) { return (entry, .manifest, job) }
+            if let index = job.takeUrgent() { return handOut(.chunk(index), of: job, entry) }
         }
         // 2. Read-ahead of foreground downloads (the one with the fewest
         // fetches under way first: several share the pool), then of the
@@ -202,32 +176,29 @@ final class DownloadPool: @unchecked Sendable {
                 let board = entry.engine.downloads
                 board.examined += 1
                 guard var job = board.jobs[entry.key], job.background == background else { continue }
+                defer { board.jobs[entry.key] = job }
                 if background {
                     backgroundSeen += 1
                     if backgroundSeen > Self.backgroundAtOnce { break }
                 }
-                guard let chunks = job.chunks else {
-                    if job.manifestInFlight { continue }
-                    job.manifestInFlight = true
-                    board.jobs[entry.key] = job
-                    return (entry, .manifest, job)
-                }
-                guard job.inFlight < max(1, entry.engine.store.downloadConcurrency) else { continue }
+                if job.takeManifest(onlyForReaders: false) { return (entry, .manifest, job) }
+                guard job.chunks != nil, job.inFlight < max(1, entry.engine.store.downloadConcurrency) else { continue }
                 // A stream's read-ahead: only after the reader, and only so far.
                 let holding = entry.engine.holdsChunks(entry.key, job, now: entry.engine.downloadClock())
                 if holding && (job.held.count + job.inFlight >= Self.heldPerDownload || heldChunks >= Self.heldInAll) { continue }
-                let count = chunks.count
-                for step in 0..<count {
-                    let index = (job.cursor + step) % count
-                    if holding && index < job.cursor { break }
-                    if job.state[index] == .missing {
-                        job.cursor = index + 1
-                        return (entry, .chunk(index), take(index, of: &job, entry))
-                    }
-                }
+                if let index = job.takeReadAhead(holding: holding) { return handOut(.chunk(index), of: job, entry) }
             }
         }
         return nil
+    }
+
+    /// Change `job` (the caller holds `monitor`), keeping `heldChunks`,
+    /// the chunks all downloads hold, right.
+    func change<T>(_ job: inout DownloadBoard.Job, _ body: (inout DownloadBoard.Job) -> T) -> T {
+        let before = job.held.count
+        let result = body(&job)
+        heldChunks += job.held.count - before
+        return result
     }
 
     /// Downloads or streams changed in a way that may make work for
@@ -332,11 +303,10 @@ final class DownloadPool: @unchecked Sendable {
         }
     }
 
-    private func take(_ index: Int, of job: inout DownloadBoard.Job, _ entry: Entry) -> DownloadBoard.Job {
-        job.state[index] = .fetching
-        job.inFlight += 1
+    /// A unit that writes into `job`'s partial file, handed out (counted
+    /// in `writers` until `doneWriting`).
+    private func handOut(_ unit: Unit, of job: DownloadBoard.Job, _ entry: Entry) -> Work {
         writers[job.partial, default: 0] += 1
-        entry.engine.downloads.jobs[entry.key] = job
-        return job
+        return (entry, unit, job)
     }
 }

@@ -141,16 +141,9 @@ extension SyncEngine {
     /// report to, and writes into the unlinked file: units open it without
     /// `O_CREAT`.
     private func stop(_ key: DownloadBoard.JobKey, in jobs: inout [DownloadBoard.JobKey: DownloadBoard.Job]) -> String {
-        releaseHeld(&jobs[key]!)
+        DownloadPool.shared.change(&jobs[key]!) { $0.letGoOfEverything() }
         defer { jobs[key] = nil }
         return jobs[key]!.partial
-    }
-
-    /// Let go of every chunk `job` holds (the caller holds the pool's monitor).
-    func releaseHeld(_ job: inout DownloadBoard.Job) {
-        for chunk in job.held.values { chunk.release() }
-        DownloadPool.shared.heldChunks -= job.held.count
-        job.held = [:]
     }
 
     /// Start downloading the content of placeholder `ino` (if not already
@@ -201,10 +194,7 @@ extension SyncEngine {
         job.chunked = node.chunked && node.hash != nil
         if !job.chunked {
             // One blob (or none: empty content), a single "chunk".
-            job.chunks = node.hash.map { [$0] } ?? []
-            job.chunkSize = max(1, node.hashSize)
-            job.state = Array(repeating: .missing, count: job.chunks!.count)
-            job.remaining = job.chunks!.count
+            job.learnChunks(node.hash.map { [$0] } ?? [], chunkSize: node.hashSize, at: job.lastProgress)
         }
         pool.monitor.lock()
         defer { pool.monitor.unlock() }
@@ -269,13 +259,7 @@ extension SyncEngine {
             if !asked {
                 asked = true
                 if !toRead { job.keep = true }
-                if job.chunks != nil {
-                    job.ask(from: from, upTo: upTo)
-                } else {
-                    // The manifest first; its arrival asks for this range.
-                    job.readerWaiting = true
-                    job.waitingRanges.append((from, upTo))
-                }
+                job.readerWaits(from: from, upTo: upTo)
                 downloads.jobs[key] = job
                 pool.schedule(DownloadPool.Entry(engine: self, key: key, id: job.id))
                 pool.wake()
@@ -326,7 +310,7 @@ extension SyncEngine {
         }
         guard chunk.pins == 0, chunk.served >= chunk.count, var job = downloads.jobs[key], job.id == id,
               job.held[index] === chunk, holdsChunks(key, job, now: downloadClock()) else { return }
-        job.letGo(index)
+        pool.change(&job) { $0.letGo(index) }
         downloads.jobs[key] = job
         pool.wake()   // the read-ahead may go on
     }
@@ -360,11 +344,11 @@ extension SyncEngine {
         let pool = DownloadPool.shared
         pool.monitor.lock()
         if let error {
-            _ = jobsUpdate(key, id: id) { $0.error = error; releaseHeld(&$0) }
+            _ = jobsUpdate(key, id: id) { job in pool.change(&job) { $0.fail(error) } }
         } else {
             // Kept (done) for a while: a reader of this version may still be
             // waiting for it even if a newer version replaced it meanwhile.
-            if jobsUpdate(key, id: id, { $0.done = true; $0.lastProgress = downloadClock() }) {
+            if jobsUpdate(key, id: id, { $0.finish(at: downloadClock()) }) {
                 downloads.finished.append((key, id))
             }
         }
@@ -385,21 +369,12 @@ extension SyncEngine {
                     guard manifest.size == job.total else { throw UbiquityError(EIO, "chunk manifest \(job.hash ?? "") has the wrong size") }
                 } catch {
                     pool.monitor.lock()
-                    _ = jobsUpdate(key, id: job.id) { $0.manifestInFlight = false }
+                    _ = jobsUpdate(key, id: job.id) { $0.manifestFailed() }
                     pool.monitor.unlock()
                     throw error
                 }
                 pool.monitor.lock()
-                _ = jobsUpdate(key, id: job.id) {
-                    $0.chunks = manifest.chunks
-                    $0.chunkSize = manifest.chunkSize
-                    $0.state = Array(repeating: .missing, count: manifest.chunks.count)
-                    $0.remaining = manifest.chunks.count
-                    $0.manifestInFlight = false
-                    $0.lastProgress = downloadClock()
-                    for range in $0.waitingRanges { $0.ask(from: range.from, upTo: range.upTo) }
-                    $0.waitingRanges = []
-                }
+                _ = jobsUpdate(key, id: job.id) { $0.learnChunks(manifest.chunks, chunkSize: manifest.chunkSize, at: downloadClock()) }
                 pool.monitor.broadcastProgress()   // this worker takes the chunks next, and hands out the rest
                 pool.monitor.unlock()
             case .chunk(let index):
@@ -408,26 +383,13 @@ extension SyncEngine {
                 let result = Result { try fetchChunk(job, key: key, index: index, offset: offset, count: count) }
                 pool.monitor.lock()
                 pool.doneWriting(job.partial)
+                let outcome: DownloadBoard.Job.Outcome = switch result {
+                case .success(let held?): .held(held)
+                case .success(nil): .written
+                case .failure: .failed
+                }
                 let recorded = jobsUpdate(key, id: job.id) { j in
-                    j.inFlight -= 1
-                    switch result {
-                    case .success(let held?):
-                        j.state[index] = .held
-                        j.held[index] = held
-                        pool.heldChunks += 1
-                        j.lastProgress = downloadClock()
-                        // Too many held (a reader jumped: urgent chunks came on top of
-                        // the read-ahead): let go of the furthest one no reader is being
-                        // served from (not the next one of a reader going forward).
-                        if j.held.count > DownloadPool.heldPerDownload,
-                           let last = j.held.filter({ $0.key != index && $0.value.pins == 0 }).keys.max() {
-                            j.letGo(last)
-                        }
-                    case .success(nil):
-                        j.verify(index, count: count, at: downloadClock())
-                    case .failure:
-                        j.state[index] = .missing
-                    }
+                    pool.change(&j) { $0.ended(index, count: count, outcome, at: downloadClock()) }
                 }
                 if !recorded, case .success(let held?) = result { held.release() }
                 if case .success = result { pool.lastProgress = downloadClock() }
@@ -445,12 +407,8 @@ extension SyncEngine {
                 pool.monitor.lock()
                 pool.doneWriting(job.partial)
                 _ = jobsUpdate(key, id: job.id) { j in
-                    j.inFlight -= 1
-                    if case .success = result {
-                        j.verify(index, count: chunk.count, at: downloadClock())
-                    } else {
-                        j.state[index] = .missing
-                    }
+                    let outcome: DownloadBoard.Job.Outcome = if case .success = result { .written } else { .failed }
+                    j.ended(index, count: chunk.count, outcome, at: downloadClock())
                 }
                 chunk.release()
                 if case .success = result { pool.lastProgress = downloadClock() }
