@@ -83,7 +83,7 @@ final class ContainerHost: @unchecked Sendable, ReplicaObserver {
             // (A drive's hidden container folder: its inodes may still be held, by a cwd or a descriptor.)
             viewer.session.invalidate(changes, kernelIno: viewer.kernelIno)
             guard let view = viewer.view(), let events = viewer.session.events else { continue }
-            events.enqueue(replica.withNamespace { ns in KernelEventScript.build(changes, in: ns, view: view) })
+            events.enqueue(replica.read { ns in KernelEventScript.build(changes, in: ns, view: view) })
         }
     }
 
@@ -131,7 +131,7 @@ final class ContainerHost: @unchecked Sendable, ReplicaObserver {
         case .data: if path.first == Self.documents { throw UbiquityError(ENOENT, "Documents is not in the Data scope") }
         case .all: break
         }
-        guard let ino = replica.withNamespace({ ns in ns.resolve(full) }) else {
+        guard let ino = replica.read({ ns in ns.resolve(full) }) else {
             throw UbiquityError(ENOENT, "/\(path.map(\.description).joined(separator: "/")): no such item")
         }
         return ino

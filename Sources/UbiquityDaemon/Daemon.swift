@@ -503,7 +503,7 @@ package final class Daemon: Sendable {
                     } catch {
                         recordError("\(host.id): the replica did not close cleanly (\(error)); the operation log keeps what the index lacks, and the next mount replays it (checking the local copies if the machine restarts first)")
                     }
-                    let pending = host.replica.withNamespace { ns in ns.pendingSummary() }
+                    let pending = host.replica.read { ns in ns.pendingSummary() }
                     logger.info("\(host.id) closed; \(counted(pending.items, "item")) (\(pending.bytes) bytes) left in the queue for the next mount")
                     host.replica.releaseLock()
                 }

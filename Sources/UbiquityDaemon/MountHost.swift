@@ -213,7 +213,7 @@ final class MountHost: @unchecked Sendable {
     /// and the path below it), for messages: never the container-internal
     /// path (`/Documents/…` of a drive folder or a Documents mount).
     func shownPath(_ host: ContainerHost, _ ino: UInt64) -> String {
-        guard let inner = host.replica.withNamespace({ ns in ns.path(of: ino) }) else { return "inode \(ino)" }
+        guard let inner = host.replica.read({ ns in ns.path(of: ino) }) else { return "inode \(ino)" }
         return shownPath(host, inner: inner)
     }
 
@@ -282,7 +282,7 @@ final class MountHost: @unchecked Sendable {
                 var evicted = 0
                 var refused: [(path: String, error: UbiquityError)] = []
                 for (host, ino) in items {
-                    for file in host.replica.withNamespace({ ns in ns.files(under: ino) }) {
+                    for file in host.replica.read({ ns in ns.files(under: ino) }) {
                         do {
                             if try host.engine.evict(ino: file) { evicted += 1 }
                         } catch {
@@ -409,7 +409,7 @@ final class MountHost: @unchecked Sendable {
             connection.fail(error)
         } catch {
             unmountWaiter.withLock { $0 = nil }
-            let pending = hosts.map { host in host.replica.withNamespace { ns in ns.pendingSummary() }.items }.reduce(0, +)
+            let pending = hosts.map { host in host.replica.read { ns in ns.pendingSummary() }.items }.reduce(0, +)
             let failure = UbiquityError.wrap(error)
             connection.fail(UbiquityError(failure.errno, "cannot push to the store (\(failure)); \(counted(pending, "item")) stay queued. `ubiquityfs unmount --force` detaches now and keeps them for the next mount"))
         }
@@ -557,11 +557,11 @@ final class MountHost: @unchecked Sendable {
     func downloadAll(_ items: [(ContainerHost, UInt64)], recursive: Bool, connection: ControlConnection) throws {
         var files: [(host: ContainerHost, ino: UInt64, size: UInt64, version: String?)] = []
         for (host, ino) in items {
-            let isDirectory = host.replica.withNamespace { ns in ns.node(ino)?.kind == .directory }
+            let isDirectory = host.replica.read { ns in ns.node(ino)?.kind == .directory }
             if isDirectory && !recursive {
                 throw UbiquityError(EISDIR, "\(shownPath(host, ino)) is a folder: use --recursive")
             }
-            files += host.replica.withNamespace { ns in
+            files += host.replica.read { ns in
                 ns.files(under: ino).compactMap { file in
                     guard let node = ns.node(file), node.isPlaceholder else { return nil }
                     return (host, file, node.hashSize, node.hash)
@@ -624,8 +624,8 @@ final class MountHost: @unchecked Sendable {
             // The Documents folder itself is in neither scope; the drive's own
             // container is all documents (its whole tree is the user's).
             let isDriveRoot = drive != nil && host === hosts[0]
-            let (items, documentsItems, dataItems) = host.replica.withNamespace { ns in QueryService.countItems(in: ns) }
-            let pending = host.replica.withNamespace { ns in ns.pendingSummary() }
+            let (items, documentsItems, dataItems) = host.replica.read { ns in QueryService.countItems(in: ns) }
+            let pending = host.replica.read { ns in ns.pendingSummary() }
             let downloads = engine.downloadSummary()
             let folder = isDriveRoot ? "/" : folders.first(where: { $0.containerID == host.id })?.name.description
             perContainer.append(ContainerStatus(
@@ -639,7 +639,7 @@ final class MountHost: @unchecked Sendable {
             reachable = reachable && s.storeReachable
             errors += s.recentErrors.map { ($0.date, "\(host.id): \($0.message)") }
             for failure in engine.failingUploads() {
-                let path = host.replica.withNamespace { ns in ns.path(of: failure.ino) } ?? "inode \(failure.ino)"
+                let path = host.replica.read { ns in ns.path(of: failure.ino) } ?? "inode \(failure.ino)"
                 failing.append(FailingUpload(container: host.id, path: path, attempts: failure.attempts, error: failure.message))
             }
             for record in engine.quarantinedRecords {

@@ -112,7 +112,7 @@ extension FileSystem {
 
     public func open(ino: UInt64, flags: Int32, backing: (any BackingFiles)? = nil) throws -> OpenReply {
         let ino = view.swap(ino)
-        let kind = try replica.withNamespace { ns -> NodeKind in
+        let kind = try replica.read { ns -> NodeKind in
             guard let node = ns.node(ino) else { throw UbiquityError(ENOENT) }
             return node.kind
         }
@@ -144,8 +144,8 @@ extension FileSystem {
     /// Run `body` counted as an open under way on `ino` (`ContentOpens.swift`):
     /// eviction refuses meanwhile.
     func whileOpening<T>(_ ino: UInt64, _ body: () throws -> T) throws -> T {
-        replica.withNamespace { ns in ns.beginOpening(ino) }
-        defer { replica.withNamespace { ns in ns.endOpening(ino) } }
+        replica.record { ns in ns.beginOpening(ino) }
+        defer { replica.record { ns in ns.endOpening(ino) } }
         return try body()
     }
 
@@ -155,7 +155,7 @@ extension FileSystem {
         // Each turn after the first follows a change that moved the content
         // forward (see `ContentOpens.swift`): look again at once.
         for _ in 0..<Self.contentAttempts {
-            let node = try replica.withNamespace { ns -> LocalNode in
+            let node = try replica.read { ns -> LocalNode in
                 guard let node = ns.node(ino) else { throw UbiquityError(ENOENT) }
                 return node
             }
@@ -200,7 +200,7 @@ extension FileSystem {
             let code = errno
             if code == ENOENT {
                 // Evicted or replaced meanwhile (look again) — or lost behind the index's back.
-                let same = replica.withNamespace { ns in
+                let same = replica.read { ns in
                     ns.node(ino).map { $0.hasContent && $0.contentEpoch == node.contentEpoch } ?? false
                 }
                 if !same { return nil }
@@ -225,7 +225,7 @@ extension FileSystem {
             if flags & O_TRUNC != 0 {
                 try syscallRetrying("truncate on open") { ftruncate(fd, 0) }
                 let now = Timespec.now()
-                replica.withNamespace { ns in
+                replica.record { ns in
                     changeContent(ino, in: &ns) { $0.contentChanged(ino, size: 0, time: now, monotonic: MonotonicClock.now()) }
                 }
             }
@@ -240,7 +240,7 @@ extension FileSystem {
     /// directory in order, ask the disk for the next siblings (`SiblingPrefetch`).
     func prefetchSiblings(of node: LocalNode) {
         guard node.kind == .file, node.size <= SiblingPrefetch.largest else { return }
-        let inos: [UInt64] = replica.withNamespace { ns in
+        let inos: [UInt64] = replica.read { ns in
             let directory = ns.entries(of: node.lastParent)
             guard let range = siblingPrefetch.opened(node, in: directory) else { return [] }
             return range.compactMap { position in
@@ -284,7 +284,7 @@ extension FileSystem {
     func register(ino: UInt64, fd: Int32, writable: Bool, epoch expected: UInt32? = nil,
                   streaming: (size: UInt64, version: String?)? = nil, backing: (any BackingFiles)? = nil) -> OpenReply? {
         var kernelIO = KernelIO.cached
-        let counted = replica.withNamespace { ns -> (UInt32, Bool)? in
+        let counted = replica.record { ns -> (UInt32, Bool)? in
             guard let node = ns.openable(ino, epoch: expected) else { return nil }
             if let backing {
                 kernelIO = chooseKernelIO(node, fd: fd, localReader: expected != nil && !writable, writable: writable, backing: backing)
@@ -421,7 +421,7 @@ extension FileSystem {
         try replica.requireRoomForContent()
         // The first write since the last acknowledgement marks the content in
         // the index before any of its bytes reaches the cache file.
-        let mark = replica.withNamespace { ns in ns.beginWrite(file.ino) }
+        let mark = replica.record { ns in ns.beginWrite(file.ino) }
         var written = 0
         do {
             if mark { try commit(notify: false) }
@@ -437,13 +437,13 @@ extension FileSystem {
                 written += n
             }
         } catch {
-            replica.withNamespace { ns in ns.endWrite(file.ino) }
+            replica.record { ns in ns.endWrite(file.ino) }
             throw error
         }
         let end = UInt64(offset) + UInt64(written)
         let now = Timespec.now()
         let monotonic = MonotonicClock.now()
-        replica.withNamespace { ns in
+        replica.record { ns in
             ns.endWrite(file.ino)
             guard let node = ns.node(file.ino) else { return }
             changeContent(file.ino, from: node, written: UInt64(offset)..<end, in: &ns) {
@@ -459,7 +459,7 @@ extension FileSystem {
     public func flush(handle: UInt64) throws {
         let file = try openFileFor(handle)
         guard file.writable else { return }
-        replica.withNamespace { ns in ns.acknowledgeWrites(file.ino) }
+        replica.record { ns in ns.acknowledgeWrites(file.ino) }
         try commit()
     }
 
@@ -476,9 +476,9 @@ extension FileSystem {
     public func fsync(handle: UInt64, dataOnly: Bool) throws {
         let file = try openFileFor(handle)
         if try journalContent(of: file) { return }
-        let synced = replica.withNamespace { ns in ns.node(file.ino).map { ($0.contentGeneration, $0.contentEpoch) } }
+        let synced = replica.read { ns in ns.node(file.ino).map { ($0.contentGeneration, $0.contentEpoch) } }
         try syscallRetrying("fsync cache file") { dataOnly ? fdatasync(file.fd) : Glibc.fsync(file.fd) }
-        replica.withNamespace { ns in
+        replica.record { ns in
             if file.writable { ns.acknowledgeWrites(file.ino) }
             if let (generation, epoch) = synced { ns.cacheFileSynced(file.ino, generation: generation, epoch: epoch) }
         }
@@ -492,7 +492,7 @@ extension FileSystem {
     func journalContent(of file: HandleTable.OpenFile) throws -> Bool {
         guard file.kernelIO == .cached, file.streamingSize == nil,
               passthrough.withLock({ $0[file.ino] == nil }),
-              let change = replica.withNamespace({ ns in ns.journalableChange(file.ino) }) else { return false }
+              let change = replica.read({ ns in ns.journalableChange(file.ino) }) else { return false }
         var pieces: [JournaledContent.Piece] = []
         for range in change.ranges {
             var bytes = [UInt8](repeating: 0, count: range.count)
@@ -500,14 +500,14 @@ extension FileSystem {
             guard n == range.count else { return false }   // cut meanwhile: sync the file instead
             pieces.append(JournaledContent.Piece(offset: range.lowerBound, bytes: bytes))
         }
-        replica.withNamespace { ns in
+        replica.record { ns in
             if file.writable { ns.acknowledgeWrites(file.ino) }
             ns.journal(JournaledContent(ino: file.ino, version: change.version, smallestSize: change.smallestSize,
                                         size: change.size, pieces: pieces))
         }
         try commit()
         try replica.makeDurable()
-        replica.withNamespace { ns in ns.journaled(file.ino, generation: change.generation) }
+        replica.record { ns in ns.journaled(file.ino, generation: change.generation) }
         return true
     }
 
@@ -517,7 +517,7 @@ extension FileSystem {
         close(file.fd)
         if file.streamingSize != nil { hooks.endStream(ino: file.ino, version: file.streamingVersion) }
         var unregister: Int32?
-        let dropped = replica.withNamespace { ns -> Bool in
+        let dropped = replica.record { ns -> Bool in
             // Reads through a handle of older content may have refilled the
             // kernel's cache with it: make the next open drop that cache.
             if let node = ns.node(file.ino), node.contentEpoch != file.epoch { kernel.pagesStale(file.ino) }
@@ -535,18 +535,18 @@ extension FileSystem {
         let file = try openFileFor(handle)
         guard file.writable else { throw UbiquityError(EBADF) }
         try replica.requireRoomForContent()
-        let mark = replica.withNamespace { ns in ns.beginWrite(file.ino) }
+        let mark = replica.record { ns in ns.beginWrite(file.ino) }
         do {
             if mark { try commit(notify: false) }
             let rc = posix_fallocate(file.fd, off_t(offset), off_t(length))
             guard rc == 0 else { throw UbiquityError(rc) }
         } catch {
-            replica.withNamespace { ns in ns.endWrite(file.ino) }
+            replica.record { ns in ns.endWrite(file.ino) }
             throw error
         }
         let end = UInt64(offset + length)
         let now = Timespec.now()
-        replica.withNamespace { ns in
+        replica.record { ns in
             ns.endWrite(file.ino)
             guard let node = ns.node(file.ino), end > node.size else { return }
             changeContent(file.ino, from: node, in: &ns) { $0.contentChanged(file.ino, size: end, time: now, monotonic: MonotonicClock.now()) }
@@ -557,7 +557,7 @@ extension FileSystem {
 
     public func opendir(ino: UInt64) throws -> UInt64 {
         let ino = view.swap(ino)
-        try replica.withNamespace { ns in
+        try replica.read { ns in
             guard let kind = ns.kind(of: ino) else { throw UbiquityError(ENOENT) }
             guard kind == .directory else { throw UbiquityError(ENOTDIR) }
         }
@@ -575,12 +575,12 @@ extension FileSystem {
     /// another mount of the container, or pulled, move the folder's stamp.
     public func listingCache(ino: UInt64) -> ListingCache {
         let dir = view.swap(ino)
-        let stamp = replica.withNamespace { ns in ns.listingStamp(of: dir) }
+        let stamp = replica.read { ns in ns.listingStamp(of: dir) }
         return kernel.openedFolder(dir, stamp: stamp) ? .keep : .refill
     }
 
     func snapshot(_ ino: UInt64) throws -> HandleTable.Listing {
-        let (directory, stamp) = try replica.withNamespace { ns in
+        let (directory, stamp) = try replica.read { ns in
             guard let kind = ns.kind(of: ino) else { throw UbiquityError(ENOENT) }
             guard kind == .directory else { throw UbiquityError(ENOTDIR) }
             return (ns.entries(of: ino), ns.listingStamp(of: ino))
@@ -609,7 +609,7 @@ extension FileSystem {
             out.append(DirectoryEntry(name: ".", ino: view.swap(dirIno), type: UInt32(S_IFDIR), nextOffset: 1, entry: nil))
         }
         if offset < 2 {
-            let parent = dirIno == view.root ? dirIno : replica.withNamespace { ns in ns.directoryParent[dirIno] ?? dirIno }
+            let parent = dirIno == view.root ? dirIno : replica.read { ns in ns.directoryParent[dirIno] ?? dirIno }
             out.append(DirectoryEntry(name: "..", ino: view.swap(parent), type: UInt32(S_IFDIR), nextOffset: 2, entry: nil))
         }
         // First entry with a cookie above the offset (binary search: positions are in cookie order).
@@ -619,7 +619,7 @@ extension FileSystem {
             let mid = (low + high) / 2
             if Int64(directory.cookie(at: listing.order[mid])) <= offset { low = mid + 1 } else { high = mid }
         }
-        replica.withNamespace { ns in
+        replica.record { ns in
             // Entries removed since the snapshot are skipped (not counted against
             // the limit: an empty answer means the end of the directory); while
             // the folder's stamp holds, none was.
@@ -695,7 +695,7 @@ extension FileSystem {
             guard let value = hooks.statusAttribute(ino: ino, name: name) else { throw UbiquityError(ENODATA) }
             return value
         }
-        return try replica.withNamespace { ns in
+        return try replica.read { ns in
             guard let node = ns.node(ino) else { throw UbiquityError(ENOENT) }
             guard let value = node.xattrs[name] else { throw UbiquityError(ENODATA) }
             return value
@@ -704,7 +704,7 @@ extension FileSystem {
 
     public func listxattr(ino: UInt64) throws -> [String] {
         let ino = view.swap(ino)
-        return try replica.withNamespace { ns in
+        return try replica.read { ns in
             guard let node = ns.node(ino) else { throw UbiquityError(ENOENT) }
             return node.xattrs.keys.sorted()
         }
@@ -727,7 +727,7 @@ extension FileSystem {
     public func statfs() throws -> FilesystemStatistics {
         var st = statvfs()
         try syscallRetrying("statvfs") { statvfs(replica.cache.directory.path, &st) }
-        let count = replica.withNamespace { ns in UInt64(ns.nodes.count) }
+        let count = replica.read { ns in UInt64(ns.nodes.count) }
         let filesFree = max(UInt64(st.f_ffree), 1_000_000)
         return FilesystemStatistics(blockSize: UInt64(st.f_bsize), blocks: UInt64(st.f_blocks),
                                     blocksFree: UInt64(st.f_bfree), blocksAvailable: UInt64(st.f_bavail),

@@ -138,7 +138,7 @@ public final class FileSystem: Sendable {
         let parent = view.swap(parent)
         guard name.count <= Self.nameMax else { throw UbiquityError(ENAMETOOLONG) }
         replica.foreground.note()
-        return try replica.withNamespace { ns in
+        return try replica.record { ns in
             guard let dir = ns.node(parent) else { throw UbiquityError(ENOENT) }
             guard dir.kind == .directory else { throw UbiquityError(ENOTDIR) }
             guard let ino = ns.lookup(parent, name), let node = ns.node(ino),
@@ -150,13 +150,13 @@ public final class FileSystem: Sendable {
 
     /// Whether the view's root holds `name`.
     public func rootHasEntry(_ name: FileName) -> Bool {
-        replica.withNamespace { ns in ns.lookup(view.root, name) != nil && name != view.hidden }
+        replica.read { ns in ns.lookup(view.root, name) != nil && name != view.hidden }
     }
 
     /// The view's root as a lookup answers it (taking a lookup reference):
     /// what the drive lists for a container's folder.
     public func rootEntry() throws -> EntryReply {
-        try replica.withNamespace { ns in
+        try replica.record { ns in
             guard let node = ns.node(view.root) else { throw UbiquityError(ENOENT) }
             kernel.hold(view.root, in: &ns)
             return entryReply(node)
@@ -175,7 +175,7 @@ public final class FileSystem: Sendable {
             }
             return existing
         }
-        if let ino = try replica.withNamespace({ ns in try existing(ns) }) { return ino }
+        if let ino = try replica.read({ ns in try existing(ns) }) { return ino }
         return try change(.grows) { ns in
             if let ino = try existing(ns) { return ino }
             let now = Timespec.now()
@@ -189,7 +189,7 @@ public final class FileSystem: Sendable {
 
     public func entry(ino: UInt64) throws -> EntryReply {
         let ino = view.swap(ino)
-        return try replica.withNamespace { ns in
+        return try replica.record { ns in
             guard let node = ns.node(ino) else { throw UbiquityError(ENOENT) }
             kernel.hold(ino, in: &ns)
             return entryReply(node)
@@ -211,21 +211,21 @@ public final class FileSystem: Sendable {
     /// The kernel forgets `count` references to `ino`.
     public func forget(ino: UInt64, count: UInt64) {
         let ino = view.swap(ino)
-        let dropped = replica.withNamespace { ns in kernel.forget(ino, count: count, in: &ns) }
+        let dropped = replica.record { ns in kernel.forget(ino, count: count, in: &ns) }
         if dropped { replica.cache.retire(ino) }
     }
 
     /// The mount's session ended: give back what its kernel still held (see
     /// `KernelReferences`). Nothing may reach this view afterwards.
     public func releaseKernelReferences() -> KernelRelease {
-        let (dropped, held, excess) = replica.withNamespace { ns in kernel.releaseAll(in: &ns) }
+        let (dropped, held, excess) = replica.record { ns in kernel.releaseAll(in: &ns) }
         for ino in dropped { replica.cache.retire(ino) }
         return KernelRelease(held: held, dropped: dropped.count, excessForgets: excess)
     }
 
     public func getattr(ino: UInt64) throws -> Attributes {
         let ino = view.swap(ino)
-        return try replica.withNamespace { ns in
+        return try replica.read { ns in
             guard let node = ns.node(ino) else { throw UbiquityError(ENOENT) }
             return kernelAttributes(node)
         }
@@ -277,7 +277,7 @@ public final class FileSystem: Sendable {
     /// Growing a file is content about to be written: refused with `ENOSPC`
     /// while the space reserve is not whole (see `SpaceReserve`).
     func truncate(ino: UInt64, size: UInt64, handle: UInt64?) throws {
-        let current = try replica.withNamespace { ns -> LocalNode in
+        let current = try replica.read { ns -> LocalNode in
             guard let node = ns.node(ino) else { throw UbiquityError(ENOENT) }
             return node
         }
@@ -286,16 +286,16 @@ public final class FileSystem: Sendable {
         let use: DiskUse = size > current.size ? .grows : .mayUseReserve
         if use == .grows { try replica.requireRoomForContent() }
         if let handle, let fd = handles.withLock({ $0.files[handle]?.fd }) {
-            let mark = replica.withNamespace { ns in ns.beginWrite(ino) }
+            let mark = replica.record { ns in ns.beginWrite(ino) }
             do {
                 if mark { try commit(use, notify: false) }
                 try syscallRetrying("truncate") { ftruncate(fd, off_t(size)) }
             } catch {
-                replica.withNamespace { ns in ns.endWrite(ino) }
+                replica.record { ns in ns.endWrite(ino) }
                 throw error
             }
             let now = Timespec.now()
-            replica.withNamespace { ns in
+            replica.record { ns in
                 ns.endWrite(ino)
                 changeContent(ino, in: &ns) {
                     $0.beginContentChange(ino, monotonic: MonotonicClock.now())
@@ -309,7 +309,7 @@ public final class FileSystem: Sendable {
 
     func truncateByPath(ino: UInt64, size: UInt64, use: DiskUse) throws {
         for _ in 0..<Self.contentAttempts {
-            let node = try replica.withNamespace { ns -> LocalNode in
+            let node = try replica.read { ns -> LocalNode in
                 guard let node = ns.node(ino) else { throw UbiquityError(ENOENT) }
                 return node
             }
@@ -318,7 +318,7 @@ public final class FileSystem: Sendable {
                 if size == 0 {
                     // Nothing of the old content survives: no need to fetch it.
                     close(try replica.cache.create(ino))
-                    replica.withNamespace { ns in
+                    replica.record { ns in
                         // (A download that finished meanwhile is truncated below all the same.)
                         guard ns.node(ino)?.isPlaceholder == true else { return }
                         ns.update(ino, local: false) { $0.hasContent = true }
@@ -329,7 +329,7 @@ public final class FileSystem: Sendable {
                 }
                 continue
             }
-            let registered = replica.withNamespace { ns -> Bool in
+            let registered = replica.record { ns -> Bool in
                 guard ns.node(ino)?.hasContent == true else { return false }
                 ns.countWriter(ino)
                 changeContent(ino, in: &ns) { $0.beginContentChange(ino, monotonic: MonotonicClock.now()) }
@@ -340,11 +340,11 @@ public final class FileSystem: Sendable {
                 try commit(use, notify: false)
                 try syscallRetrying("truncate") { Glibc.truncate(replica.cache.path(ino), off_t(size)) }
             } catch {
-                replica.withNamespace { ns in ns.writerLeft(ino) }
+                replica.record { ns in ns.writerLeft(ino) }
                 throw error
             }
             let now = Timespec.now()
-            replica.withNamespace { ns in
+            replica.record { ns in
                 changeContent(ino, in: &ns) { $0.contentChanged(ino, size: size, time: now, monotonic: MonotonicClock.now()) }
                 ns.writerLeft(ino)
             }
@@ -355,7 +355,7 @@ public final class FileSystem: Sendable {
 
     public func readlink(ino: UInt64) throws -> String {
         let ino = view.swap(ino)
-        return try replica.withNamespace { ns in
+        return try replica.read { ns in
             guard let node = ns.node(ino) else { throw UbiquityError(ENOENT) }
             guard node.kind == .symlink, let target = node.target else { throw UbiquityError(EINVAL) }
             return target
@@ -377,7 +377,7 @@ public final class FileSystem: Sendable {
         var reserved: UInt64?
         var fd: Int32?
         if kind == .file {
-            let ino = replica.withNamespace { ns in ns.reserveIno() }
+            let ino = replica.record { ns in ns.reserveIno() }
             fd = try replica.cache.create(ino)
             reserved = ino
         }
@@ -410,7 +410,7 @@ public final class FileSystem: Sendable {
             throw error
         }
         // The kernel's reference, once the node is recorded (a refused change leaves none).
-        replica.withNamespace { ns in
+        replica.record { ns in
             kernel.hold(node.ino, in: &ns)
             // Empty, and its name is in the log: an fsync may journal what is written from here.
             if kind == .file { ns.contentOnDisk(node.ino) }
@@ -469,7 +469,7 @@ public final class FileSystem: Sendable {
             ns.update(newParent) { $0.mtime = now; $0.ctime = now }
             return ns.node(ino)!
         }
-        replica.withNamespace { ns in kernel.hold(ino, in: &ns) }
+        replica.record { ns in kernel.hold(ino, in: &ns) }
         return entryReply(node)
     }
 

@@ -24,8 +24,8 @@ public struct PendingEntry: Sendable, Equatable {
 /// the index. The hot FUSE paths (`lookup`, `getattr`, `readdir`) are served
 /// from here without touching SQLite.
 ///
-/// A `Namespace` is only ever accessed inside `Replica.withNamespace` (under
-/// the replica's lock). Every mutation goes through the primitives below,
+/// A `Namespace` is only ever accessed inside `Replica.read`, `record`,
+/// `transaction` or `committedView` (under the replica's lock). Every mutation goes through the primitives below,
 /// which record what the index must write (`dirtyRows`, `log`) and what the
 /// sync engine must push (`change` counters, `pendingEntries`). Inside a
 /// transaction (`Replica.transaction`) they also record what they replace

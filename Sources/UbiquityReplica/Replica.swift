@@ -398,9 +398,19 @@ public final class Replica: Sendable {
 
     // MARK: Access
 
-    /// Run `body` on the namespace under the replica's lock. Keep it short:
-    /// no I/O, no store calls, no FUSE replies inside.
-    public func withNamespace<T: Sendable>(_ body: (inout Namespace) throws -> T) rethrows -> T {
+    /// Read the namespace under the replica's lock. Keep it short: no I/O,
+    /// no store calls, no FUSE replies inside.
+    public func read<T: Sendable>(_ body: (Namespace) throws -> T) rethrows -> T {
+        try namespace.withLock { ns in try body(ns) }
+    }
+
+    /// Record a fact in the namespace under the replica's lock: something
+    /// that happened and cannot be refused (a write reached a cache file, a
+    /// push or a download ended, a kernel's count moved). The index learns
+    /// it with the next commit (`persist`, `transaction`, `committedView`);
+    /// a change a program asks for, which may be refused or fail to be
+    /// recorded, is a `transaction`. Same rules as `read`.
+    public func record<T: Sendable>(_ body: (inout Namespace) throws -> T) rethrows -> T {
         try namespace.withLock { ns in try body(&ns) }
     }
 

@@ -106,7 +106,7 @@ extension SyncEngine {
             let left = downloads.streams[key, default: 1] - 1
             downloads.streams[key] = left > 0 ? left : nil
             guard left <= 0, var job = jobs[key], !job.done, job.error == nil, !job.keep else { return nil }
-            let current = replica.withNamespace { ns in ns.node(ino).map { $0.isPlaceholder && $0.hash == version } ?? false }
+            let current = replica.read { ns in ns.node(ino).map { $0.isPlaceholder && $0.hash == version } ?? false }
             if job.evicted || !current { return stop(key, in: &jobs) }
             job.background = true
             jobs[key] = job
@@ -154,7 +154,7 @@ extension SyncEngine {
     /// for the whole file (`waitUntilDownloaded`), which an eviction does not stop.
     @discardableResult
     public func startDownload(ino: UInt64, background: Bool = false, keep: Bool = false) -> String {
-        guard let node = replica.withNamespace({ ns in ns.node(ino) }) else { return replica.cache.path(ino) }
+        guard let node = replica.read({ ns in ns.node(ino) }) else { return replica.cache.path(ino) }
         // One partial file per version: a download of an older version that is
         // still finishing never writes into (or removes) the newer one's.
         let partial = replica.cache.partialPath(ino, version: node.hash)
@@ -246,7 +246,7 @@ extension SyncEngine {
         while true {
             guard var job = downloads.jobs[key] else {
                 // No download: either it finished (content local) or never started.
-                let local = replica.withNamespace { ns in ns.node(ino).map { !$0.isPlaceholder } ?? false }
+                let local = replica.read { ns in ns.node(ino).map { !$0.isPlaceholder } ?? false }
                 if local { return [] }
                 throw UbiquityError(EIO, "the content of inode \(ino) is not downloaded")
             }
@@ -319,7 +319,7 @@ extension SyncEngine {
     /// writing to a placeholder). The content may be a placeholder again by
     /// then (a newer version arrived): the caller looks again.
     public func download(ino: UInt64, beforeWaiting: () -> Void = {}) throws {
-        guard let node = replica.withNamespace({ ns in ns.node(ino) }), node.isPlaceholder else { return }
+        guard let node = replica.read({ ns in ns.node(ino) }), node.isPlaceholder else { return }
         startDownload(ino: ino, keep: true)
         try waitUntilDownloaded(ino: ino, version: node.hash, size: node.hashSize, beforeWaiting: beforeWaiting)
     }
@@ -487,7 +487,7 @@ extension SyncEngine {
         // On disk before it takes the cache path: a power loss never leaves
         // the installed file without the bytes that were verified.
         try syscallRetrying("fdatasync \(partial)") { fdatasync(fd) }
-        let installed = try replica.withNamespace { ns -> Bool in
+        let installed = try replica.record { ns -> Bool in
             // A newer version may have arrived meanwhile: then this content is not it.
             guard let n = ns.node(ino), n.hash == hash, !n.hasContent else { return false }
             // The rename happens under the lock (one metadata syscall), so an

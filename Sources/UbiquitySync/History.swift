@@ -331,7 +331,7 @@ extension SyncEngine {
     /// Runs on the check thread; cheap when nothing is missing.
     public func catchUpHistory() throws {
         history.settled()
-        let applied = replica.withNamespace { $0.appliedSeq }
+        let applied = replica.read { $0.appliedSeq }
         guard applied > 0 else { return }
         let indexed = history.indexed()
         if let indexed, indexed.high < applied {

@@ -83,7 +83,7 @@ extension SyncEngine {
     public func itemStatus(ino: UInt64) -> ItemStatus? {
         let jobs = downloads.withJobs { $0 }
         let sync = currentStatus
-        return replica.withNamespace { ns -> ItemStatus? in
+        return replica.read { ns -> ItemStatus? in
             guard let node = ns.node(ino) else { return nil }
             return ItemStatus.make(node, pinned: ns.isPinned(ino), download: jobs[DownloadBoard.JobKey(ino: ino, hash: node.hash)], sync: sync)
         }
@@ -107,7 +107,7 @@ extension SyncEngine {
                           _ keep: (ItemView) -> Bool) -> [ItemRecord] {
         let jobs = downloads.withJobs { $0 }
         let sync = currentStatus
-        return replica.withNamespace { ns in
+        return replica.read { ns in
             Self.scanItems(in: ns, under: root, sync: sync, jobs: jobs, status: status, showDirectory: showDirectory, keep)
         }
     }
@@ -168,7 +168,7 @@ extension SyncEngine {
     /// it must read every item again.
     public func itemChanges(since seq: UInt64, structure: UInt64) -> (seq: UInt64, structure: UInt64, inos: Set<UInt64>?) {
         let downloading = downloads.withJobs { Set($0.keys.map(\.ino)) }
-        return replica.withNamespace { ns in
+        return replica.read { ns in
             let changed = ns.structureSeq == structure ? ns.itemsChanged(since: seq) : nil
             return (ns.itemChangeSeq, ns.structureSeq, changed.map { $0.union(downloading) })
         }
@@ -178,7 +178,7 @@ extension SyncEngine {
     public func items(_ inos: Set<UInt64>) -> [ItemRecord] {
         let jobs = downloads.withJobs { $0 }
         let sync = currentStatus
-        return replica.withNamespace { ns in
+        return replica.read { ns in
             var out: [ItemRecord] = []
             for ino in inos {
                 guard let node = ns.node(ino) else { continue }
@@ -199,7 +199,7 @@ extension SyncEngine {
     /// changes, pulls, download progress, evictions, pins): a watch
     /// recomputes only then.
     public var changeGeneration: UInt64 {
-        let local = replica.withNamespace { ns in
+        let local = replica.read { ns in
             ns.pushWork &+ ns.appliedSeq &* 1_000_003 &+ ns.itemChangeSeq &* 8_191 &+ ns.structureSeq &* 131_071
         }
         let transfers = downloads.withJobs { jobs in jobs.values.reduce(UInt64(jobs.count)) { $0 &+ $1.verified } }

@@ -33,7 +33,7 @@ extension SyncEngine {
     /// The content is removed only once the index has recorded the eviction.
     @discardableResult
     public func evict(ino: UInt64) throws -> Bool {
-        let candidate = try replica.withNamespace { ns -> LocalNode? in
+        let candidate = try replica.read { ns -> LocalNode? in
             guard let node = ns.node(ino) else { throw UbiquityError(ENOENT) }
             guard node.kind == .file else { throw UbiquityError(EISDIR, "only files can be evicted") }
             guard node.hasContent else { return nil }
@@ -88,7 +88,7 @@ extension SyncEngine {
             if ns.node(ino)?.kind == .directory { ns.structureChanged() }   // everything below follows
         }
         if pinned {
-            for file in replica.withNamespace({ ns in ns.files(under: ino).filter { ns.node($0)?.isPlaceholder == true } }) {
+            for file in replica.read({ ns in ns.files(under: ino).filter { ns.node($0)?.isPlaceholder == true } }) {
                 startDownload(ino: file, background: true)
             }
         }
@@ -96,7 +96,7 @@ extension SyncEngine {
 
     /// Bytes of content this device holds (local files' sizes).
     public func cacheUsage() -> UInt64 {
-        replica.withNamespace { ns in ns.localContentBytes() }
+        replica.read { ns in ns.localContentBytes() }
     }
 
     /// Evict least recently used clean, closed, unpinned files until the
@@ -109,7 +109,7 @@ extension SyncEngine {
     }
 
     func enforceCacheLimit(_ limit: UInt64) {
-        let (usage, candidates) = replica.withNamespace { ns -> (UInt64, [(UInt64, UInt64, UInt64)]) in
+        let (usage, candidates) = replica.read { ns -> (UInt64, [(UInt64, UInt64, UInt64)]) in
             var usage: UInt64 = 0
             var candidates: [(UInt64, UInt64, UInt64)] = []
             for node in ns.nodes.values where node.kind == .file && node.hasContent {

@@ -31,7 +31,7 @@ extension SyncEngine {
         try pullLock.withLock { _ in
             if let joined = try joinFromSnapshot() { all.merge(joined.changes) }
             while true {
-                let after = replica.withNamespace { ns in ns.appliedSeq }
+                let after = replica.read { ns in ns.appliedSeq }
                 let records = try store.journal(container: container, after: after, limit: 256)
                 if records.isEmpty {
                     // The end of the journal, or records removed that this replica lacks.
@@ -46,7 +46,7 @@ extension SyncEngine {
                 if let release = observer.withLock({ $0 })?.pullWillChange({ affectedPaths(records.compactMap(\.changeSet)) }) { releases.append(release) }
                 let ownHashes = hashesOfLocalContent(namedBy: records)
                 for record in records {
-                    let changed = replica.withNamespace { ns -> ReplicaChanges in
+                    let changed = replica.record { ns -> ReplicaChanges in
                         guard record.seq == ns.appliedSeq + 1 else { return ReplicaChanges() }
                         // This device's own records were applied when it made them, unless
                         // its replica lost that (a crash or power cut before the index had it):
@@ -119,7 +119,7 @@ extension SyncEngine {
             }
         }
         guard !states.isEmpty else { return [:] }
-        let candidates = replica.withNamespace { ns in
+        let candidates = replica.read { ns in
             states.compactMap { state -> (UInt64, UInt64)? in
                 guard let ino = ns.inoByID[state.id], let node = ns.node(ino), node.hasContent, node.hasUnpushedContent,
                       node.size == state.size else { return nil }
@@ -138,7 +138,7 @@ extension SyncEngine {
     /// `changeSets` change: each changed or deleted node's, each entry's,
     /// and where each moved node was.
     func affectedPaths(_ changeSets: [ChangeSet]) -> [String] {
-        replica.withNamespace { ns in
+        replica.read { ns in
             var paths: Set<String> = []
             func add(_ id: NodeID) {
                 if let ino = ns.inoByID[id], let path = ns.path(of: ino) { paths.insert(path) }
@@ -162,7 +162,7 @@ extension SyncEngine {
     }
 
     /// The journal records this replica skipped because they failed validation.
-    public var quarantinedRecords: [QuarantinedRecord] { replica.withNamespace { $0.quarantined } }
+    public var quarantinedRecords: [QuarantinedRecord] { replica.read { $0.quarantined } }
 }
 
 /// Told after a pull changed the replica (the FUSE session invalidates the

@@ -45,15 +45,15 @@ extension SyncEngine {
             try replaceLostCacheFiles()
             try markCopiesThatAreNotTheStoresVersion()
         }
-        let marked = replica.withNamespace { ns in ns.nodes.values.filter(\.unacknowledgedWrites).map(\.ino).sorted() }
+        let marked = replica.read { ns in ns.nodes.values.filter(\.unacknowledgedWrites).map(\.ino).sorted() }
         guard !marked.isEmpty else { return [] }
         var copies: [UInt64] = []
         var refresh: [UInt64] = []
         for ino in marked {
-            guard let node = replica.withNamespace({ ns in ns.node(ino) }) else { continue }
+            guard let node = replica.read({ ns in ns.node(ino) }) else { continue }
             let torn = node.kind == .file && node.hasContent && !node.unlinked && node.version > 0
                 && FileManager.default.fileExists(atPath: replica.cache.path(ino)) && !localCopyIsGoodVersion(node)
-            let result = replica.withNamespace { ns -> (copy: UInt64, good: UInt64, name: FileName)? in
+            let result = replica.record { ns -> (copy: UInt64, good: UInt64, name: FileName)? in
                 let places = ns.entriesNaming(ino)
                 guard torn, let first = places.first else {
                     ns.update(ino, local: false) { $0.unacknowledgedWrites = false }
@@ -92,9 +92,9 @@ extension SyncEngine {
             }
             guard let result else { continue }
             copies.append(result.copy)
-            let path = replica.withNamespace { ns in ns.path(of: result.good) } ?? "inode \(result.good)"
+            let path = replica.read { ns in ns.path(of: result.good) } ?? "inode \(result.good)"
             logger.warning("\(path) was being written when the daemon stopped: the last good version keeps the name, what was written is kept beside it as '\(result.name)'")
-            if replica.withNamespace({ ns in ns.isPinned(result.good) }) { refresh.append(result.good) }
+            if replica.read({ ns in ns.isPinned(result.good) }) { refresh.append(result.good) }
         }
         try replica.persist()
         for ino in refresh { startDownload(ino: ino, background: true) }
@@ -108,17 +108,17 @@ extension SyncEngine {
     /// empty, as a file written and never synced does on ext4; one the store
     /// has gets the store's version back, as a placeholder.
     func replaceLostCacheFiles() throws {
-        let local = replica.withNamespace { ns in
+        let local = replica.read { ns in
             ns.nodes.values.filter { $0.kind == .file && $0.hasContent }.map { ($0.ino, $0.version) }
         }
         var emptied = 0, refetched = 0
         for (ino, version) in local where access(replica.cache.path(ino), F_OK) != 0 && errno == ENOENT {
             if version == 0 {
                 close(try replica.cache.create(ino))
-                replica.withNamespace { ns in ns.contentChanged(ino, size: 0, time: nil, monotonic: MonotonicClock.now()) }
+                replica.record { ns in ns.contentChanged(ino, size: 0, time: nil, monotonic: MonotonicClock.now()) }
                 emptied += 1
             } else {
-                replica.withNamespace { ns in
+                replica.record { ns in
                     ns.update(ino, local: false) { n in
                         n.hasContent = false
                         n.size = n.hashSize
@@ -138,7 +138,7 @@ extension SyncEngine {
     /// version but is not (see above).
     func markCopiesThatAreNotTheStoresVersion() throws {
         let started = Date()
-        let clean = replica.withNamespace { ns in
+        let clean = replica.read { ns in
             ns.nodes.values.filter {
                 $0.kind == .file && $0.hasContent && !$0.unlinked && $0.version > 0
                     && !$0.hasUnpushedContent && !$0.unacknowledgedWrites
@@ -150,7 +150,7 @@ extension SyncEngine {
             bytes += node.hashSize
             guard !localCopyIsGoodVersion(node) else { continue }
             differing += 1
-            replica.withNamespace { ns in ns.update(node.ino, local: false) { $0.unacknowledgedWrites = true } }
+            replica.record { ns in ns.update(node.ino, local: false) { $0.unacknowledgedWrites = true } }
         }
         try replica.persist()
         try replica.makeDurable()

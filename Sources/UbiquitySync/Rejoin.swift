@@ -48,7 +48,7 @@ extension SyncEngine {
         guard due else { return nil }
         let base = try store.journalBase(container: container)
         baseChecked.withLock { $0 = Date() }
-        let applied = replica.withNamespace { $0.appliedSeq }
+        let applied = replica.read { $0.appliedSeq }
         return base > applied ? base : nil
     }
 
@@ -80,11 +80,11 @@ extension SyncEngine {
         }
         try recordPackLocations(in: parts)
         let authors = parts.reduce(into: [NodeID: String]()) { all, part in all.merge(part.authors) { $1 } }
-        let (difference, behind) = replica.withNamespace { ns in (Self.difference(from: parts, to: ns, snapshot: record), ns.appliedSeq) }
+        let (difference, behind) = replica.read { ns in (Self.difference(from: parts, to: ns, snapshot: record), ns.appliedSeq) }
         guard behind < base else { return ReplicaChanges() }
         let release = observer.withLock({ $0 })?.pullWillChange { affectedPaths([difference]) }
         defer { release?() }
-        let changes = replica.withNamespace { ns -> ReplicaChanges in
+        let changes = replica.record { ns -> ReplicaChanges in
             // Worked out again under this lock: local work may have moved on meanwhile.
             let difference = Self.difference(from: parts, to: ns, snapshot: record)
             var applier = ChangeApplier(seq: base, deviceName: device.name)

@@ -26,7 +26,7 @@ extension SyncEngine {
     /// from, or nil (the journal is then replayed from the start). Throws
     /// only when the store cannot be reached.
     func joinFromSnapshot() throws -> (seq: UInt64, changes: ReplicaChanges)? {
-        guard snapshotInterval > 0, replica.withNamespace({ Self.isNew($0) }) else { return nil }
+        guard snapshotInterval > 0, replica.read({ Self.isNew($0) }) else { return nil }
         let available = try store.snapshots(container: container)
         latestSnapshot.withLock { $0 = max($0 ?? 0, available.last ?? 0) }
         // One below the journal's base has lost the records after it (the pull then rejoins at the base).
@@ -36,7 +36,7 @@ extension SyncEngine {
                 guard let record = try store.snapshot(container: container, seq: seq) else { continue }
                 let parts = try readParts(of: record)
                 try recordPackLocations(in: parts)
-                let changes = replica.withNamespace { ns -> ReplicaChanges? in
+                let changes = replica.record { ns -> ReplicaChanges? in
                     guard Self.isNew(ns) else { return nil }
                     var all = ReplicaChanges()
                     for part in parts {
@@ -153,7 +153,7 @@ extension SyncEngine {
     /// due one after another, so the first one's snapshot spares the others
     /// theirs (each looks again just before it writes).
     func isSnapshotDue(after latest: UInt64) -> Bool {
-        replica.withNamespace { ns in
+        replica.read { ns in
             let interval = max(snapshotInterval, UInt64(ns.nodes.count / Self.snapshotNodesPerRecord))
             let stagger = device.id.utf8.reduce(UInt64(0)) { ($0 &* 31) &+ UInt64($1) } % (interval / 4 + 1)
             return ns.appliedSeq >= latest + interval + stagger
@@ -173,7 +173,7 @@ extension SyncEngine {
     /// names, as after a failed upload.)
     @discardableResult
     public func writeSnapshot() throws -> UInt64? {
-        let captured = replica.withNamespace { ns -> Namespace? in
+        let captured = replica.read { ns -> Namespace? in
             guard ns.appliedSeq > 0, ns.unpushed.isEmpty, ns.pendingEntries.isEmpty else { return nil }
             return ns
         }

@@ -128,12 +128,12 @@ extension SyncEngine {
         }
         if uploaded { try store.flushBlobs() }
         guard unchanged(node) else { throw UbiquityError(EAGAIN, "it changed while its copy in the store was checked") }
-        replica.withNamespace { ns in
+        replica.record { ns in
             if ns.node(node.ino)?.verifiedHash != hash { ns.update(node.ino, local: false) { $0.verifiedHash = hash } }
         }
         try replica.persist()
         if !problems.isEmpty {
-            let path = replica.withNamespace { ns in ns.path(of: node.ino) } ?? "inode \(node.ino)"
+            let path = replica.read { ns in ns.path(of: node.ino) } ?? "inode \(node.ino)"
             logger.warning("the store had lost part of \(path) (\(problems.joined(separator: "; "))); uploaded again from this device")
         }
         return problems.isEmpty ? .intact : .repaired(problems)
@@ -141,7 +141,7 @@ extension SyncEngine {
 
     /// `node`'s content is still the same (no writer, same generation, epoch and version).
     func unchanged(_ node: LocalNode) -> Bool {
-        replica.withNamespace { ns in
+        replica.read { ns in
             guard let now = ns.node(node.ino) else { return false }
             return now.hasContent && now.openWriters == 0 && now.contentGeneration == node.contentGeneration
                 && now.contentEpoch == node.contentEpoch && now.hash == node.hash
@@ -155,14 +155,14 @@ extension SyncEngine {
     /// (the next mount checks again).
     public func checkHeldContent() {
         LinuxCalls.lowerThreadPriority()
-        let files = replica.withNamespace { ns in
+        let files = replica.read { ns in
             ns.nodes.values.filter { Self.isSettledLocalCopy($0) }.map(\.ino).sorted()
         }
         var repaired = 0
         var failed = 0
         for ino in files {
             if stopped.withLock({ $0 }) { return }
-            guard let node = replica.withNamespace({ ns in ns.node(ino) }), Self.isSettledLocalCopy(node) else { continue }
+            guard let node = replica.read({ ns in ns.node(ino) }), Self.isSettledLocalCopy(node) else { continue }
             do {
                 if case .repaired = try checkStoreCopy(of: node, verifyLocal: false) { repaired += 1 }
             } catch let error as UbiquityError where error.errno == EHOSTDOWN {
@@ -170,7 +170,7 @@ extension SyncEngine {
                 return
             } catch {
                 failed += 1
-                let path = replica.withNamespace { ns in ns.path(of: ino) } ?? "inode \(ino)"
+                let path = replica.read { ns in ns.path(of: ino) } ?? "inode \(ino)"
                 logger.warning("checking the store's copy of \(path): \(UbiquityError.wrap(error))")
             }
         }

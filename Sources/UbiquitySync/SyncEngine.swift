@@ -282,14 +282,14 @@ public final class SyncEngine: Sendable {
                                           retryAt: MonotonicClock.now() + UInt64(wait * 1e9), message: message)
             return attempts
         }
-        if attempts == 1 { record(error: UbiquityError(EIO, "cannot upload \(replica.withNamespace { $0.path(of: ino) } ?? "inode \(ino)"): \(message)")) }
+        if attempts == 1 { record(error: UbiquityError(EIO, "cannot upload \(replica.read { $0.path(of: ino) } ?? "inode \(ino)"): \(message)")) }
     }
 
     /// Failures of files that have nothing left to upload (pushed, deleted) are forgotten.
     func forgetSettledUploadFailures() {
         let inos = uploadFailures.withLock { Array($0.keys) }
         guard !inos.isEmpty else { return }
-        let settled = replica.withNamespace { ns in inos.filter { ns.node($0)?.hasUnpushedContent != true } }
+        let settled = replica.read { ns in inos.filter { ns.node($0)?.hasUnpushedContent != true } }
         uploadFailures.withLock { failures in settled.forEach { failures[$0] = nil } }
     }
 
@@ -309,14 +309,14 @@ public final class SyncEngine: Sendable {
     @discardableResult
     public func drain(progress: (_ items: Int, _ bytes: UInt64) -> Void, shouldContinue: () -> Bool = { true }) throws -> Int {
         while shouldContinue() {
-            let pending = replica.withNamespace { ns in ns.pendingSummary() }
+            let pending = replica.read { ns in ns.pendingSummary() }
             progress(pending.items, pending.bytes)
             if pending.items == 0 { return 0 }
             do {
                 if try !pushOnce(ignoreDelay: true) {
                     let refused = failingUploads()
                     guard let first = refused.first else { return pending.items }
-                    let path = replica.withNamespace { ns in ns.path(of: first.ino) } ?? "inode \(first.ino)"
+                    let path = replica.read { ns in ns.path(of: first.ino) } ?? "inode \(first.ino)"
                     let others = refused.count > 1 ? " and \(refused.count - 1) other file(s)" : ""
                     throw UbiquityError(EIO, "the store refuses \(path)\(others): \(first.message)")
                 }
@@ -325,7 +325,7 @@ public final class SyncEngine: Sendable {
                 throw error
             }
         }
-        return replica.withNamespace { ns in ns.pendingSummary() }.items
+        return replica.read { ns in ns.pendingSummary() }.items
     }
 
     // MARK: - SyncHooks
@@ -361,7 +361,7 @@ public final class SyncEngine: Sendable {
         let backingOff = ignoreDelay ? [:] : uploadFailures.withLock { failures in
             failures.filter { $0.value.retryAt > now }.mapValues(\.generation)
         }
-        let contentCandidates = replica.withNamespace { ns in
+        let contentCandidates = replica.read { ns in
             ns.unpushedNodes(limit: Self.maxBatchNodes).filter { n in
                 n.hasUnpushedContent && n.hasContent && !n.unlinked && n.openWriters == 0
                     && now &- n.lastContentChange >= delay && backingOff[n.ino] != n.contentGeneration
@@ -444,7 +444,7 @@ public final class SyncEngine: Sendable {
             // number: a record the pull quarantines): catch up, then rebuild
             // the batch for the next free number.
             try pull()
-            guard replica.withNamespace({ $0.appliedSeq }) >= seq else {
+            guard replica.read({ $0.appliedSeq }) >= seq else {
                 throw UbiquityError(EIO, "journal record \(seq) of \(container) exists but was not read; pushing waits for it")
             }
         }
@@ -468,7 +468,7 @@ public final class SyncEngine: Sendable {
             // Gone with a change (the file deleted, its content replaced): the
             // next round has a new generation. Otherwise this file's upload
             // fails, with back-off, in the status and the log.
-            let unchanged = replica.withNamespace { ns in
+            let unchanged = replica.read { ns in
                 ns.node(ino).map { $0.contentGeneration == generation && $0.hasContent && !$0.unlinked } ?? false
             }
             guard unchanged else { return nil }
@@ -477,7 +477,7 @@ public final class SyncEngine: Sendable {
         defer { source.close() }
         let chunkSize = ContentLayout.chunkSize
         func stillUnchanged() -> Bool {
-            replica.withNamespace { ns in
+            replica.read { ns in
                 guard let node = ns.node(ino) else { return false }
                 return node.contentGeneration == generation && node.openWriters == 0
             }
@@ -600,7 +600,7 @@ public final class SyncEngine: Sendable {
 
     /// Record that `batch` is in the store as journal record `seq`.
     func settle(_ batch: Batch, seq: UInt64?, snapshots: [UInt64: ContentSnapshot]) throws {
-        let dropped = replica.withNamespace { ns -> [UInt64] in
+        let dropped = replica.record { ns -> [UInt64] in
             if let seq { ns.setAppliedSeq(seq) }
             var dropped: [UInt64] = []
             for (ino, change) in batch.nodes {

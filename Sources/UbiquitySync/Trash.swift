@@ -59,7 +59,7 @@ extension SyncEngine {
         let emptied = config.trashEmptiedThrough ?? 0
         var out: [NodeID: Deleted] = [:]
         let rows = history.deletions(since: cutoff).filter { $0.seq > emptied }
-        let alive = replica.withNamespace { ns in
+        let alive = replica.read { ns in
             Set(rows.map(\.node).filter { id in ns.inoByID[id].flatMap { ns.node($0) }.map { !$0.unlinked } ?? false })
         }
         for row in rows where out[row.node] == nil && !alive.contains(row.node) && !history.wasSucceeded(row.node) {
@@ -81,7 +81,7 @@ extension SyncEngine {
     func pathBefore(_ id: NodeID, seq: UInt64, depth: Int = 0) -> String {
         if id == .root || depth > 4096 { return "" }
         guard let place = history.place(of: id, before: seq) else {
-            return replica.withNamespace { ns in ns.inoByID[id].flatMap { ns.path(of: $0) } } ?? "?"
+            return replica.read { ns in ns.inoByID[id].flatMap { ns.path(of: $0) } } ?? "?"
         }
         let parent = pathBefore(place.parent, seq: seq, depth: depth + 1)
         return parent.isEmpty ? place.name.description : parent + "/" + place.name.description
@@ -210,7 +210,7 @@ extension SyncEngine {
         guard var config = try store.containerConfig(container) else {
             throw UbiquityError(ENOENT, "container \(container) has no configuration in the store")
         }
-        let through = replica.withNamespace { $0.appliedSeq }
+        let through = replica.read { $0.appliedSeq }
         config.trashEmptiedThrough = max(config.trashEmptiedThrough ?? 0, through)
         try store.updateContainer(config)
     }

@@ -26,7 +26,7 @@ public enum ConflictChoice: Sendable {
 
 extension SyncEngine {
     public func versions(ino: UInt64) throws -> [VersionInfo] {
-        try replica.withNamespace { ns in
+        try replica.read { ns in
             guard let node = ns.node(ino) else { throw UbiquityError(ENOENT) }
             var out = [VersionInfo(label: "current", path: ns.path(of: ino) ?? "?", device: node.author,
                                    modified: node.mtime, size: node.size)]
@@ -119,7 +119,7 @@ extension SyncEngine {
     /// oldest first. A version survives renames: it belongs to the item.
     public func history(ino: UInt64) throws -> [HistoryVersion] {
         history.settled()
-        let node = try replica.withNamespace { ns -> LocalNode in
+        let node = try replica.read { ns -> LocalNode in
             guard let node = ns.node(ino), !node.unlinked else { throw UbiquityError(ENOENT) }
             guard node.kind == .file else { throw UbiquityError(EISDIR, "only files have versions") }
             return node
@@ -151,7 +151,7 @@ extension SyncEngine {
     @discardableResult
     public func restoreVersion(ino: UInt64, id: UInt64, to destination: (parent: UInt64, name: FileName)? = nil) throws -> UInt64 {
         history.settled()
-        let nodeID = try replica.withNamespace { ns -> NodeID in
+        let nodeID = try replica.read { ns -> NodeID in
             guard let node = ns.node(ino), !node.unlinked else { throw UbiquityError(ENOENT) }
             guard node.kind == .file else { throw UbiquityError(EISDIR, "only files have versions") }
             return node.id
@@ -195,7 +195,7 @@ extension SyncEngine {
             return (target, changes)
         }
         observer.withLock { $0 }?.replicaChanged(changes)
-        if replica.withNamespace({ $0.isPinned(restored) }) { startDownload(ino: restored, background: true) }
+        if replica.read({ $0.isPinned(restored) }) { startDownload(ino: restored, background: true) }
         wake.signal()
         return restored
     }
@@ -206,7 +206,7 @@ extension SyncEngine {
     /// against its hash, written to `path.part` and renamed into place.
     public func writeVersion(ino: UInt64, id: UInt64, to path: String) throws {
         history.settled()
-        let nodeID = try replica.withNamespace { ns -> NodeID in
+        let nodeID = try replica.read { ns -> NodeID in
             guard let node = ns.node(ino), !node.unlinked, node.kind == .file else { throw UbiquityError(ENOENT) }
             return node.id
         }

@@ -53,7 +53,7 @@ import Glibc
         let copy = try #require(names.first { $0.hasPrefix("notes (conflicted copy desktop ") && $0.hasSuffix(").txt") })
         #expect(try a.read(copy) == "desktop edit")
         let originalIno = try a.resolve("notes.txt")
-        let original = a.replica.withNamespace { ns in ns.node(originalIno)! }
+        let original = a.replica.read { ns in ns.node(originalIno)! }
         #expect(original.conflicts.count == 1)
     }
 
@@ -205,7 +205,7 @@ import Glibc
         #expect(try b.read("out.txt") == "moved out")
         // The folder was never deleted in the store (not deleted and made again).
         let folderIno = try b.resolve("d")
-        let folderID = try #require(b.replica.withNamespace { ns in ns.node(folderIno)?.id })
+        let folderID = try #require(b.replica.read { ns in ns.node(folderIno)?.id })
         for record in try store.journal(container: TestDevice.container, after: 0, limit: 1000) {
             guard case .changeSet(let set) = record.content else {
                 Issue.record("record \(record.seq) is invalid")
@@ -237,7 +237,7 @@ import Glibc
         for (label, d) in [("a", a), ("b", b)] {
             #expect(try d.read("d4/f3") == "new file")
             let moved = try d.resolve("d3/f3")
-            let node = try #require(d.replica.withNamespace { ns in ns.node(moved) })
+            let node = try #require(d.replica.read { ns in ns.node(moved) })
             #expect(node.nlink == 1, "d3/f3 has \(node.nlink) links on \(label)")
             let paths = try d.list("d3").map { "d3/" + $0 } + d.list("d4").map { "d4/" + $0 }
             let edited = try paths.filter { try d.read($0) == "edited" }
@@ -331,7 +331,7 @@ import Glibc
         let differing = Set(trees[0].keys).union(trees[1].keys).filter { trees[0][$0] != trees[1][$0] }
             .map { "\($0): \(trees[0][$0] ?? "-") | \(trees[1][$0] ?? "-")" }.sorted()
         let pending = devices.map { d in
-            d.replica.withNamespace { ns in
+            d.replica.read { ns in
                 ns.unpushedNodes().map { "\(ns.path(of: $0.ino) ?? "?") meta=\($0.hasUnpushedMetadata) content=\($0.hasUnpushedContent) local=\($0.hasContent) writers=\($0.openWriters) unlinked=\($0.unlinked) v=\($0.version)" }
                     + ns.pendingEntries.keys.map { "entry \(ns.path(of: $0.parent) ?? "?")/\($0.name)" }
             }
@@ -340,8 +340,8 @@ import Glibc
         for key in Set(trees[0].keys).union(trees[1].keys) where trees[0][key] != trees[1][key] {
             for (i, d) in devices.enumerated() {
                 if let ino = try? d.resolve(key) {
-                    let n = d.replica.withNamespace { ns in ns.node(ino)! }
-                    let elsewhere = devices[1 - i].replica.withNamespace { ns in ns.inoByID[n.id].map { ns.path(of: $0) ?? "unlinked" } ?? "unknown" }
+                    let n = d.replica.read { ns in ns.node(ino)! }
+                    let elsewhere = devices[1 - i].replica.read { ns in ns.inoByID[n.id].map { ns.path(of: $0) ?? "unlinked" } ?? "unknown" }
                     detail.append("device \(i): \(key) -> \(n.id.prefix(8)) v\(n.version) (on other: \(elsewhere))")
                 }
             }

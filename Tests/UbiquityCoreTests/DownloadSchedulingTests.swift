@@ -30,7 +30,7 @@ import Glibc
         try b.engine.pull()
         let onB = try b.resolve("many")
         let files = try (0..<count).map { try b.resolve("many/f\($0)") }
-        #expect(b.replica.withNamespace { ns in files.allSatisfy { ns.node($0)!.isPlaceholder } })
+        #expect(b.replica.read { ns in files.allSatisfy { ns.node($0)!.isPlaceholder } })
         return (a, b, onB, files)
     }
 
@@ -108,7 +108,7 @@ import Glibc
         let (a, b, _, files) = try placeholders(1, store, store)
         defer { a.cleanUp(); b.cleanUp() }
         let ino = files[0]
-        let hash = b.replica.withNamespace { $0.node(ino)!.hash! }
+        let hash = b.replica.read { $0.node(ino)!.hash! }
         let partial = b.replica.cache.path(ino) + "." + String(hash.prefix(16)) + ".part"
         let pool = DownloadPool.shared
         // A straggler of an earlier attempt writes the partial file.
@@ -129,7 +129,7 @@ import Glibc
         let deadline = Date().addingTimeInterval(4)
         var installedUnderAWriter = false
         while Date() < deadline {
-            if b.replica.withNamespace({ !$0.node(ino)!.isPlaceholder }) { installedUnderAWriter = true; break }
+            if b.replica.read({ !$0.node(ino)!.isPlaceholder }) { installedUnderAWriter = true; break }
             Thread.sleep(forTimeInterval: 0.05)
         }
         #expect(!installedUnderAWriter, "installed while a unit still wrote the partial file")
@@ -146,7 +146,7 @@ import Glibc
         pool.doneWriting(partial)
         pool.monitor.unlock()
         try b.engine.download(ino: ino)
-        #expect(b.replica.withNamespace { !$0.node(ino)!.isPlaceholder })
+        #expect(b.replica.read { !$0.node(ino)!.isPlaceholder })
         #expect(try b.read("many/f0") == "content of file 0\n")
     }
 }

@@ -31,7 +31,7 @@ import Glibc
         let b = try TestDevice(store: storeForB, name: "b")
         try b.engine.pull()
         let ino = try b.resolve("big")
-        #expect(b.replica.withNamespace { $0.node(ino)!.isPlaceholder })
+        #expect(b.replica.read { $0.node(ino)!.isPlaceholder })
         return (a, b, ino)
     }
 
@@ -59,7 +59,7 @@ import Glibc
         // after the manifest and five rounds of fetches: 1.8 s.
         #expect(tailTime < 1.2, "the last 4 KiB after \(tailTime) s")
         #expect(middleTime < 0.9, "the middle after \(middleTime) s more")
-        #expect(b.replica.withNamespace { $0.node(ino)!.isPlaceholder }, "downloaded whole already: nothing measured")
+        #expect(b.replica.read { $0.node(ino)!.isPlaceholder }, "downloaded whole already: nothing measured")
         try b.engine.download(ino: ino)
         #expect(try read(b, handle, at: 0, count: Self.data.count) == Self.data)
     }
@@ -105,7 +105,7 @@ import Glibc
         #expect(try read(b, streaming, at: 0, count: Self.data.count) == Self.data)
 
         try b.engine.download(ino: ino)
-        #expect(!b.replica.withNamespace { $0.node(ino)!.isPlaceholder })
+        #expect(!b.replica.read { $0.node(ino)!.isPlaceholder })
         let local = try b.fs.open(ino: ino, flags: O_RDONLY).handle
         defer { try? b.fs.release(handle: local) }
         for offset in stride(from: 0, to: Self.data.count, by: piece) {
@@ -117,7 +117,7 @@ import Glibc
         let store = InMemoryStore()
         let (a, b, ino) = try placeholderOnB(store, store)
         defer { a.cleanUp(); b.cleanUp() }
-        let node = b.replica.withNamespace { $0.node(ino)! }
+        let node = b.replica.read { $0.node(ino)! }
         let partial = b.replica.cache.path(ino) + "." + String(node.hash!.prefix(16)) + ".part"
         let hashes = stride(from: 0, to: Self.data.count, by: Self.chunk).map {
             ContentCopy.hash(of: Self.data.subdata(in: $0..<min(Self.data.count, $0 + Self.chunk)))
@@ -137,7 +137,7 @@ import Glibc
         // there); chunk 6's blob is there (the torn copy must not count).
         store.loseBlob(hashes[4])
         try b.engine.download(ino: ino)
-        #expect(!b.replica.withNamespace { $0.node(ino)!.isPlaceholder })
+        #expect(!b.replica.read { $0.node(ino)!.isPlaceholder })
         let handle = try b.fs.open(ino: ino, flags: O_RDONLY).handle
         defer { try? b.fs.release(handle: handle) }
         #expect(try read(b, handle, at: 0, count: Self.data.count) == Self.data)
@@ -155,7 +155,7 @@ import Glibc
             let store = try FolderStore(root: root, create: true, initializeEmpty: true)
             faulty = FaultyStore(store)
             let (a, b, ino) = try tests.placeholderOnB(store, faulty)
-            let hash = b.replica.withNamespace { $0.node(ino)!.hash! }
+            let hash = b.replica.read { $0.node(ino)!.hash! }
             (self.a, self.b, self.ino) = (a, b, ino)
             partial = b.replica.cache.path(ino) + "." + String(hash.prefix(16)) + ".part"
         }
@@ -176,7 +176,7 @@ import Glibc
 
     /// B's copy, once local, is `Self.data`.
     func expectLocalCopy(_ b: TestDevice, _ ino: UInt64) throws {
-        #expect(!b.replica.withNamespace { $0.node(ino)!.isPlaceholder })
+        #expect(!b.replica.read { $0.node(ino)!.isPlaceholder })
         let local = try b.fs.open(ino: ino, flags: O_RDONLY).handle
         defer { try? b.fs.release(handle: local) }
         #expect(try read(b, local, at: 0, count: Self.data.count) == Self.data)
@@ -191,7 +191,7 @@ import Glibc
     /// Wait (up to 30 s) until `ino` on `device` is downloaded.
     func waitDownloaded(_ device: TestDevice, _ ino: UInt64) -> Bool {
         for _ in 0..<3000 {
-            if device.replica.withNamespace({ !$0.node(ino)!.isPlaceholder }) { return true }
+            if device.replica.read({ !$0.node(ino)!.isPlaceholder }) { return true }
             usleep(10_000)
         }
         return false
@@ -224,7 +224,7 @@ import Glibc
         let boundary = 7 * Self.chunk - 5000
         #expect(try read(b, handle, at: boundary, count: 10_000) == Self.data.subdata(in: boundary..<(boundary + 10_000)))
         #expect(try read(b, handle, at: 123, count: 4096) == Self.data.subdata(in: 123..<(123 + 4096)))
-        #expect(b.replica.withNamespace { $0.node(ino)!.isPlaceholder })
+        #expect(b.replica.read { $0.node(ino)!.isPlaceholder })
         try b.fs.release(handle: handle)
         #expect(waitDownloaded(b, ino), "not downloaded after the stream closed")
         try expectLocalCopy(b, ino)
@@ -292,13 +292,13 @@ import Glibc
         #expect(b.engine.downloadSummary().items == 0)
         usleep(500_000)
         #expect(access(partial, F_OK) != 0, "the partial file is still there")
-        #expect(b.replica.withNamespace { $0.node(ino)!.isPlaceholder })
+        #expect(b.replica.read { $0.node(ino)!.isPlaceholder })
         // Evicted while a reader streams it: it reads on, and the download stops when it closes.
         reader = try setup.openReadingFirstMiB()
         #expect(try b.engine.evict(ino: ino) == false)
         // A pause longer than `idleStream` does not let the evicted file download.
         usleep(2_500_000)
-        #expect(b.replica.withNamespace { $0.node(ino)!.isPlaceholder })
+        #expect(b.replica.read { $0.node(ino)!.isPlaceholder })
         let far = 12 * Self.chunk
         #expect(try read(b, reader, at: far, count: 1 << 20) == Self.data.subdata(in: far..<(far + (1 << 20))))
         #expect(b.engine.downloadSummary().items == 1)
@@ -306,7 +306,7 @@ import Glibc
         #expect(b.engine.downloadSummary().items == 0)
         usleep(500_000)
         #expect(access(partial, F_OK) != 0, "the partial file is still there")
-        #expect(b.replica.withNamespace { $0.node(ino)!.isPlaceholder })
+        #expect(b.replica.read { $0.node(ino)!.isPlaceholder })
         // It downloads again when asked.
         try b.engine.download(ino: ino)
         try expectLocalCopy(b, ino)
@@ -325,7 +325,7 @@ import Glibc
         let far = 15 * Self.chunk
         #expect(throws: UbiquityError.self) { try read(b, reader, at: far, count: 4096) }
         try b.fs.release(handle: reader)
-        #expect(b.replica.withNamespace { $0.node(ino)!.isPlaceholder })
+        #expect(b.replica.read { $0.node(ino)!.isPlaceholder })
         #expect(b.engine.downloadSummary().items == 0, "a failed download still counts as under way")
         setup.faulty.fail([])
         reader = try b.fs.open(ino: ino, flags: O_RDONLY).handle
@@ -342,7 +342,7 @@ import Glibc
         let setup = try OnFolderStore(self)
         defer { setup.cleanUp() }
         let (b, ino) = (setup.b, setup.ino)
-        let manifest = try ChunkManifest.decode(try setup.faulty.fetchBlob(b.replica.withNamespace { $0.node(ino)!.hash! }))
+        let manifest = try ChunkManifest.decode(try setup.faulty.fetchBlob(b.replica.read { $0.node(ino)!.hash! }))
         let damaged = manifest.chunks[9]
         let path = setup.root.appendingPathComponent("blobs/\(damaged.prefix(2))/\(damaged)").path
         let fd = open(path, O_WRONLY)
@@ -355,6 +355,6 @@ import Glibc
         #expect(try read(b, reader, at: 0, count: 1 << 20) == Self.data.prefix(1 << 20))
         let error = #expect(throws: UbiquityError.self) { try read(b, reader, at: 9 * Self.chunk, count: 4096) }
         #expect(error?.errno == EIO)
-        #expect(b.replica.withNamespace { $0.node(ino)!.isPlaceholder })
+        #expect(b.replica.read { $0.node(ino)!.isPlaceholder })
     }
 }

@@ -63,7 +63,7 @@ import Glibc
         let took = try Self.seconds { try a.engine.drain(progress: { _, _ in }) }
         stop()
         #expect(took >= 4 * 0.49)
-        #expect(a.replica.withNamespace { $0.node(entry.ino)?.hasUnpushedContent } == false)
+        #expect(a.replica.read { $0.node(entry.ino)?.hasUnpushedContent } == false)
 
         let b = try TestDevice(store: store, name: "b")
         defer { b.cleanUp() }

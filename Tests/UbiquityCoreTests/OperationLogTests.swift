@@ -48,7 +48,7 @@ import Glibc
         try d.fs.rename(parent: try d.resolve("dir"), name: "a.txt", newParent: try d.resolve("dir/sub"), newName: "moved é.txt", flags: [])
         try d.fs.unlink(parent: Namespace.rootIno, name: "gone.txt")
         _ = try d.fs.setattr(ino: try d.resolve("b.txt"), changes: AttributeChanges(mode: 0o600), handle: nil)
-        d.replica.withNamespace { ns in ns.quarantine(QuarantinedRecord(seq: 7, reason: "a test")) }
+        d.replica.record { ns in ns.quarantine(QuarantinedRecord(seq: 7, reason: "a test")) }
         try d.replica.persist()
     }
 
@@ -82,7 +82,7 @@ import Glibc
         let sqliteBefore = Self.persisted(try Index(path: d.directory.appendingPathComponent("index.sqlite").path, readOnly: true).load())
         d.replica.applier.stop()   // from here on SQLite gets nothing: only the log has the changes
         try makeChanges(d)
-        let expected = d.replica.withNamespace { Self.persisted($0) }
+        let expected = d.replica.read { Self.persisted($0) }
         #expect(expected != sqliteBefore)
         // SQLite itself still has the state from before the changes...
         let sqlite = Self.persisted(try Index(path: d.directory.appendingPathComponent("index.sqlite").path, readOnly: true).load())
@@ -92,7 +92,7 @@ import Glibc
         // ...and after a crash (no drain, no checkpoint) the next open replays it.
         d.replica.releaseLock()
         let reopened = try Replica(directory: d.directory, rootOwner: (0, 0))
-        #expect(reopened.withNamespace { Self.persisted($0) } == expected)
+        #expect(reopened.read { Self.persisted($0) } == expected)
         #expect(reopened.log.size == 0)
         #expect(try reopened.index.logApplied() == reopened.log.lastSeq)
         // It goes on from there: a new change, a clean close, a third open.
@@ -100,11 +100,11 @@ import Glibc
             let ino = ns.createNode(kind: .directory, mode: 0o755, uid: 0, gid: 0)
             ns.linkEntry(Namespace.rootIno, "after", ino)
         }
-        let afterwards = reopened.withNamespace { Self.persisted($0) }
+        let afterwards = reopened.read { Self.persisted($0) }
         try reopened.commitAndCheckpoint()
         reopened.releaseLock()
         let third = try Replica(directory: d.directory, rootOwner: (0, 0))
-        #expect(third.withNamespace { Self.persisted($0) } == afterwards)
+        #expect(third.read { Self.persisted($0) } == afterwards)
         third.releaseLock()
     }
 
@@ -124,7 +124,7 @@ import Glibc
         try d.replica.persist()
         try d.replica.applier.drain()
         let sqlite = Self.persisted(try Index(path: d.directory.appendingPathComponent("index.sqlite").path, readOnly: true).load())
-        #expect(sqlite == d.replica.withNamespace { Self.persisted($0) })
+        #expect(sqlite == d.replica.read { Self.persisted($0) })
 
         let ops: [IndexOp] = [.meta(key: "a", value: "1"), .entry(parent: 1, name: "x", child: 5),
                               .meta(key: "b", value: "2"), .removeEntry(parent: 1, name: "x"), .meta(key: "a", value: "3")]
@@ -145,9 +145,9 @@ import Glibc
         // A write cut short (a full disk, a power loss): the last record lost its end.
         #expect(truncate(path, off_t(recordsEnd - 5)) == 0)
         let first = try Replica(directory: d.directory, rootOwner: (0, 0))
-        let names = first.withNamespace { ns in ns.children[Namespace.rootIno]!.keys.map(\.description).sorted() }
+        let names = first.read { ns in ns.children[Namespace.rootIno]!.keys.map(\.description).sorted() }
         #expect(names == ["kept"])
-        #expect(first.withNamespace { ns in ns.children.values.contains { $0["file"] != nil } })
+        #expect(first.read { ns in ns.children.values.contains { $0["file"] != nil } })
         first.applier.stop()
         try first.transaction(.grows) { ns in
             let ino = ns.createNode(kind: .directory, mode: 0o755, uid: 0, gid: 0)
@@ -161,7 +161,7 @@ import Glibc
         handle.write(Data((0..<64).map { UInt8($0 * 7 % 251) }))
         handle.closeFile()
         let second = try Replica(directory: d.directory, rootOwner: (0, 0))
-        let after = second.withNamespace { ns in ns.children[Namespace.rootIno]!.keys.map(\.description).sorted() }
+        let after = second.read { ns in ns.children[Namespace.rootIno]!.keys.map(\.description).sorted() }
         #expect(after == ["kept", "new"])
         second.releaseLock()
     }
@@ -215,7 +215,7 @@ import Glibc
     }
 
     func rootNames(_ replica: Replica) -> [String] {
-        replica.withNamespace { ns in ns.children[Namespace.rootIno]!.keys.map(\.description).sorted() }
+        replica.read { ns in ns.children[Namespace.rootIno]!.keys.map(\.description).sorted() }
     }
 
     /// The device's replica reopened with small log segments and no index
@@ -247,7 +247,7 @@ import Glibc
         #expect(length() > replica.log.size)
         replica.releaseLock()
         let again = try Replica(directory: d.directory, rootOwner: (0, 0))
-        #expect(again.withNamespace { ns in ns.entries(of: Namespace.rootIno).count } == 3021)
+        #expect(again.read { ns in ns.entries(of: Namespace.rootIno).count } == 3021)
         again.releaseLock()
     }
 
@@ -273,11 +273,11 @@ import Glibc
         #expect(replica.log.size >= 2048)
 
         // A reader without the lock, and a crash: both segments replay.
-        let expected = replica.withNamespace { OperationLogTests.persisted($0) }
+        let expected = replica.read { OperationLogTests.persisted($0) }
         #expect(OperationLogTests.persisted(try Replica.readNamespace(directory: d.directory)) == expected)
         replica.releaseLock()
         let reopened = try Replica(directory: d.directory, rootOwner: (0, 0), logSegmentSize: 2048)
-        #expect(reopened.withNamespace { OperationLogTests.persisted($0) } == expected)
+        #expect(reopened.read { OperationLogTests.persisted($0) } == expected)
         #expect(rootNames(reopened).count == 40)
         #expect(!FileManager.default.fileExists(atPath: previousPath))
         #expect(reopened.log.size == 0)

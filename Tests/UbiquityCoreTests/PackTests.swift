@@ -114,7 +114,7 @@ import Glibc
         try FileManager.default.removeItem(atPath: folder.blobPath(pack))
         // The device holding the content notices and puts it back (as blobs of their own).
         let ino = try a.resolve("f2")
-        let node = try #require(a.replica.withNamespace { ns in ns.node(ino) })
+        let node = try #require(a.replica.read { ns in ns.node(ino) })
         #expect(try a.engine.checkStoreCopy(of: node, verifyLocal: false) != .intact)
         try b.engine.pull()
         #expect(try b.read("f2") == "held 2")

@@ -48,7 +48,7 @@ import Glibc
 
         func idOf(_ path: String) -> String {
             guard let ino = try? device.resolve(path) else { return "-" }
-            return device.replica.withNamespace { ns in String(ns.node(ino)?.id.prefix(4) ?? "?") }
+            return device.replica.read { ns in String(ns.node(ino)?.id.prefix(4) ?? "?") }
         }
 
         func folders() -> [String] {
@@ -190,7 +190,7 @@ import Glibc
             #expect(lost.isEmpty, "device \(actor.label) lost \(lost.sorted())\n\(context)")
         }
         for actor in actors {
-            let links = actor.device.replica.withNamespace { ns in
+            let links = actor.device.replica.read { ns in
                 ns.nodes.values.filter { $0.kind == .file && !$0.unlinked && $0.nlink > 1 }
                     .map { n in "\(ns.path(of: n.ino) ?? "?") nlink \(n.nlink) id \(n.id.prefix(4)) at " +
                         ns.entriesNaming(n.ino).map { "\(ns.node($0.parent)?.id.prefix(4) ?? "?")/\($0.name)" }.joined(separator: ", ") }

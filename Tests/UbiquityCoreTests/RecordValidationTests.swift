@@ -450,7 +450,7 @@ import Glibc
 
     static func id(_ device: TestDevice, _ path: String) throws -> NodeID {
         let ino = try device.resolve(path)
-        return device.replica.withNamespace { $0.node(ino)!.id }
+        return device.replica.read { $0.node(ino)!.id }
     }
 
     static func fileState(_ id: NodeID, base: UInt64 = 0, kind: NodeKind = .file) -> NodeState {
@@ -482,7 +482,7 @@ import Glibc
         let quarantined = b.engine.quarantinedRecords
         #expect(quarantined.map(\.seq) == [seq])
         #expect(quarantined.first?.reason.contains(reason) == true, "\(quarantined)")
-        #expect(b.replica.withNamespace { $0.appliedSeq } == seq, "the cursor moved past it")
+        #expect(b.replica.read { $0.appliedSeq } == seq, "the cursor moved past it")
         try a.write("after-\(seq).txt", "sync goes on")
         try a.engine.drain(progress: { _, _ in })
         try b.engine.pull()
@@ -564,7 +564,7 @@ import Glibc
         let quarantined = again.engine.quarantinedRecords
         #expect(quarantined.map(\.seq) == [seq])
         #expect(quarantined.first?.reason.hasPrefix("not valid JSON") == true, "\(quarantined)")
-        #expect(again.replica.withNamespace { $0.appliedSeq } == seq)
+        #expect(again.replica.read { $0.appliedSeq } == seq)
         try again.engine.pull()
         #expect(again.engine.quarantinedRecords.count == 1, "not tried (nor recorded) again")
     }

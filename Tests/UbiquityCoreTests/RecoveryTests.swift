@@ -64,11 +64,11 @@ import Glibc
         #expect(refusal?.errno == EAGAIN)
         #expect(refusal?.message.contains("uploaded again") == true)
         #expect(store.blobHashes.contains(hash), "the device put the blob back")
-        #expect(a.replica.withNamespace { $0.node(ino)!.hasContent }, "nothing was evicted")
+        #expect(a.replica.read { $0.node(ino)!.hasContent }, "nothing was evicted")
         try b.engine.pull()
         #expect(try b.read("f") == "precious")
         #expect(try a.engine.evict(ino: ino), "with the store whole again, evict goes through")
-        #expect(a.replica.withNamespace { $0.node(ino)!.isPlaceholder })
+        #expect(a.replica.read { $0.node(ino)!.isPlaceholder })
     }
 
     @Test func evictPutsBackAMissingChunkAndACutShortManifest() throws {
@@ -79,7 +79,7 @@ import Glibc
         try a.fs.release(handle: try openAndWrite(a, "big", Self.big))
         try a.engine.drain(progress: { _, _ in })
         let ino = try a.resolve("big")
-        let manifest = try #require(a.replica.withNamespace { $0.node(ino)!.hash })
+        let manifest = try #require(a.replica.read { $0.node(ino)!.hash })
         let chunks = chunkHashes(Self.big)
         store.loseBlob(chunks[1])
         let refusal = #expect(throws: UbiquityError.self) { try a.engine.evict(ino: ino) }
@@ -106,7 +106,7 @@ import Glibc
         let refusal = #expect(throws: UbiquityError.self) { try a.engine.evict(ino: ino) }
         #expect(refusal?.errno == EIO)
         #expect(store.blobHashes.isEmpty, "nothing uploaded under a hash its bytes do not have")
-        #expect(a.replica.withNamespace { $0.node(ino)!.hasContent })
+        #expect(a.replica.read { $0.node(ino)!.hasContent })
     }
 
     @Test func evictRefusesWhileTheStoreIsUnreachable() throws {
@@ -277,7 +277,7 @@ import Glibc
         #expect(try again.list("") == ["f.txt", "new.txt"])
         #expect(try again.read("f.txt") == "good version")
         #expect(try again.read("new.txt") == "never pushed")
-        #expect(again.replica.withNamespace { ns in ns.nodes.values.allSatisfy { !$0.unacknowledgedWrites } })
+        #expect(again.replica.read { ns in ns.nodes.values.allSatisfy { !$0.unacknowledgedWrites } })
     }
 
     // MARK: Open and evict
@@ -288,10 +288,10 @@ import Glibc
         defer { a.cleanUp() }
         let ino = try a.write("f", "content")
         try a.engine.drain(progress: { _, _ in })
-        a.replica.withNamespace { ns in ns.beginOpening(ino) }
+        a.replica.record { ns in ns.beginOpening(ino) }
         let refusal = #expect(throws: UbiquityError.self) { try a.engine.evict(ino: ino) }
         #expect(refusal?.errno == EBUSY)
-        a.replica.withNamespace { ns in ns.endOpening(ino) }
+        a.replica.record { ns in ns.endOpening(ino) }
         let handle = try a.fs.open(ino: ino, flags: O_RDWR).handle
         #expect(throws: UbiquityError.self) { try a.engine.evict(ino: ino) }
         try a.fs.release(handle: handle)

@@ -35,7 +35,7 @@ import UbiquitySync
         try a.write("d/e/x.txt", "deep\n")
         try a.engine.drain(progress: { _, _ in })
         try b.engine.pull()
-        let behind = b.replica.withNamespace { $0.appliedSeq }
+        let behind = b.replica.read { $0.appliedSeq }
 
         // B, away: work of its own, never pushed while away.
         try b.write("both.txt", "desktop's both\n")
@@ -128,13 +128,13 @@ import UbiquitySync
         defer { a.cleanUp() }
         try a.write("one.txt", "1\n")
         try a.engine.drain(progress: { _, _ in })
-        let head = a.replica.withNamespace { $0.appliedSeq }
+        let head = a.replica.read { $0.appliedSeq }
         try store.setJournalBase(container: TestDevice.container, head + 1)
         // No snapshot of the base: the device cannot rejoin, says why, and keeps its work.
         try a.write("two.txt", "2\n")
         #expect(throws: UbiquityError.self) { try a.engine.drain(progress: { _, _ in }) }
         #expect(try store.journal(container: TestDevice.container, after: head, limit: 1).isEmpty)
         #expect(try a.read("two.txt") == "2\n")
-        #expect(a.replica.withNamespace { !$0.unpushed.isEmpty })
+        #expect(a.replica.read { !$0.unpushed.isEmpty })
     }
 }

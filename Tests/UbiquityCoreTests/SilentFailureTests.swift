@@ -30,6 +30,6 @@ import Glibc
         #expect(failing.map(\.ino) == [ino], "the push did not count the file as failing: \(failing)")
         let errors = device.engine.currentStatus.recentErrors.map(\.message)
         #expect(errors.contains { $0.contains("doc.txt") }, "status says nothing about doc.txt: \(errors)")
-        #expect(device.replica.withNamespace { $0.node(ino)!.hasUnpushedContent }, "the file counts as pushed")
+        #expect(device.replica.read { $0.node(ino)!.hasUnpushedContent }, "the file counts as pushed")
     }
 }

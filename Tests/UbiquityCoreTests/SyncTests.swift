@@ -23,7 +23,7 @@ import Glibc
         try a.fs.setxattr(ino: try a.resolve("two.txt"), name: "user.tag", value: Data("v".utf8), flags: 0)
         try a.fs.rename(parent: Namespace.rootIno, name: "two.txt", newParent: Namespace.rootIno, newName: "2.txt", flags: [])
         try a.engine.drain(progress: { _, _ in })
-        #expect(a.replica.withNamespace { $0.pendingSummary().items } == 0)
+        #expect(a.replica.read { $0.pendingSummary().items } == 0)
 
         let b = try TestDevice(store: store, name: "b")
         defer { b.cleanUp() }
@@ -43,13 +43,13 @@ import Glibc
         try a.write("f", "content")
         try a.engine.drain(progress: { _, _ in })
         try b.engine.pull()
-        let ino = try #require(b.replica.withNamespace { $0.lookup(Namespace.rootIno, "f") })
+        let ino = try #require(b.replica.read { $0.lookup(Namespace.rootIno, "f") })
         try b.engine.download(ino: ino)
         #expect(FileManager.default.fileExists(atPath: b.replica.cache.path(ino)))
         try a.fs.unlink(parent: Namespace.rootIno, name: "f")
         try a.engine.drain(progress: { _, _ in })
         try b.engine.pull()
-        #expect(b.replica.withNamespace { $0.node(ino) } == nil)
+        #expect(b.replica.read { $0.node(ino) } == nil)
         #expect(!FileManager.default.fileExists(atPath: b.replica.cache.path(ino)))
     }
 
@@ -86,7 +86,7 @@ import Glibc
         try a.fs.rename(parent: Namespace.rootIno, name: "early", newParent: try a.resolve("late"), newName: "early", flags: [])
         let expected = try a.tree()
         var rounds = 0
-        while a.replica.withNamespace({ $0.pendingSummary().items }) > 0 {
+        while a.replica.read({ $0.pendingSummary().items }) > 0 {
             #expect(try a.engine.pushOnce(ignoreDelay: true))
             rounds += 1
             try b.engine.pull()
@@ -142,10 +142,10 @@ import Glibc
         store.fail([.commit, .putBlob])
         try a.write("f", "queued")
         #expect(throws: UbiquityError.self) { try a.engine.pushOnce(ignoreDelay: true) }
-        #expect(a.replica.withNamespace { $0.pendingSummary().items } > 0)
+        #expect(a.replica.read { $0.pendingSummary().items } > 0)
         store.fail([])
         try a.engine.drain(progress: { _, _ in })
-        #expect(a.replica.withNamespace { $0.pendingSummary().items } == 0)
+        #expect(a.replica.read { $0.pendingSummary().items } == 0)
     }
 
     @Test func contentTheStoreRefusesWaitsAloneAndBlocksTheUnmount() throws {
@@ -180,14 +180,14 @@ import Glibc
         let handle = try a.fs.open(ino: ino, flags: O_WRONLY).handle
         // A writer is open: content must not be pushed, only metadata.
         try a.engine.pushOnce(ignoreDelay: true)
-        let node = a.replica.withNamespace { $0.node(ino)! }
+        let node = a.replica.read { $0.node(ino)! }
         #expect(node.hasUnpushedContent)
         #expect(node.hash == nil)
         let bytes = Array("v2".utf8)
         _ = try bytes.withUnsafeBytes { try a.fs.write(handle: handle, offset: 0, bytes: $0.baseAddress!, count: 2) }
         try a.fs.release(handle: handle)
         try a.engine.drain(progress: { _, _ in })
-        #expect(a.replica.withNamespace { $0.node(ino)!.hash } == ContentCopy.hash(of: Data("v2".utf8)))
+        #expect(a.replica.read { $0.node(ino)!.hash } == ContentCopy.hash(of: Data("v2".utf8)))
     }
 
     @Test func losingTheCommitRaceCatchesUpAndRetries() throws {
@@ -220,7 +220,7 @@ import Glibc
         let again = try TestDevice(store: store, name: "a", directory: directory)
         #expect(try again.read("kept") == "across restarts")
         #expect(try again.resolve("kept") == ino, "inode numbers are stable")
-        #expect(again.replica.withNamespace { $0.pendingSummary().items } > 0, "the unpushed queue survived")
+        #expect(again.replica.read { $0.pendingSummary().items } > 0, "the unpushed queue survived")
         let fresh = try again.write("new", "")
         #expect(fresh > ino, "inode numbers are never reused")
     }

@@ -62,7 +62,7 @@ import Glibc
         let sub = try d.resolve("dir/sub")
         let a = try d.resolve("dir/a.txt")
         let b = try d.resolve("b.txt")
-        let before = d.replica.withNamespace { Self.fingerprint($0) }
+        let before = d.replica.read { Self.fingerprint($0) }
         let indexBefore = Self.fingerprint(try Replica.readNamespace(directory: d.directory))
         #expect(throws: Refused.self) {
             try d.replica.transaction(.mayUseReserve) { ns in
@@ -93,7 +93,7 @@ import Glibc
                 throw Refused()
             }
         }
-        #expect(d.replica.withNamespace { Self.fingerprint($0) } == before)
+        #expect(d.replica.read { Self.fingerprint($0) } == before)
         #expect(Self.fingerprint(try Replica.readNamespace(directory: d.directory)) == indexBefore)
         // The replica goes on as if nothing happened, and the pending write commits at close.
         try d.mkdir("after")
