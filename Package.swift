@@ -29,14 +29,20 @@ let package = Package(
         .target(name: "CHashLanes", cSettings: [.unsafeFlags(["-O2"], .when(configuration: .debug))]),
         // The one lock type (`Lock`): a pthread mutex, which ThreadSanitizer sees.
         .target(name: "UbiquityLocks"),
+        // What a container is, as every layer sees it: items, change sets, journal and
+        // snapshot records, file names, the one error type. No C, no I/O.
+        .target(name: "UbiquityModel", dependencies: ["UbiquityLocks"], swiftSettings: swiftSettings),
+        // The Linux helpers: system calls Swift's Glibc lacks (CLinux), retried, failing as UbiquityErrors.
+        .target(name: "UbiquityLinux", dependencies: ["CLinux", "UbiquityModel"], swiftSettings: swiftSettings),
+        // The stores (the protocol, the folder store) and content hashing.
         .target(
             name: "UbiquityStore",
-            dependencies: ["UbiquityLocks", "CLinux", "CHashLanes", .product(name: "Crypto", package: "swift-crypto")],
+            dependencies: ["UbiquityModel", "UbiquityLinux", "UbiquityLocks", "CLinux", "CHashLanes", .product(name: "Crypto", package: "swift-crypto")],
             swiftSettings: swiftSettings),
         .target(
             name: "UbiquityS3",
             dependencies: [
-                "UbiquityStore",
+                "UbiquityStore", "UbiquityModel", "UbiquityLinux",
                 .product(name: "Crypto", package: "swift-crypto"),
                 .product(name: "AsyncHTTPClient", package: "async-http-client"),
                 .product(name: "NIOCore", package: "swift-nio"),
@@ -51,23 +57,23 @@ let package = Package(
             swiftSettings: swiftSettings),
         .target(
             name: "UbiquityReplica",
-            dependencies: ["UbiquityStore", "UbiquityLocks", "UbiquityLocator", .product(name: "GRDB", package: "GRDB.swift")],
+            dependencies: ["UbiquityStore", "UbiquityModel", "UbiquityLinux", "UbiquityLocks", "UbiquityLocator", .product(name: "GRDB", package: "GRDB.swift")],
             swiftSettings: swiftSettings),
         .target(
             name: "UbiquitySync",
-            dependencies: ["UbiquityStore", "UbiquityLocks", "UbiquityReplica", "UbiquityProtocol", .product(name: "Logging", package: "swift-log"), .product(name: "GRDB", package: "GRDB.swift")],
+            dependencies: ["UbiquityStore", "UbiquityModel", "UbiquityLinux", "UbiquityLocks", "UbiquityReplica", "UbiquityProtocol", .product(name: "Logging", package: "swift-log"), .product(name: "GRDB", package: "GRDB.swift")],
             swiftSettings: swiftSettings),
         .target(
             name: "UbiquityFS",
-            dependencies: ["UbiquityStore", "UbiquityLocks", "UbiquityReplica", .product(name: "Logging", package: "swift-log")],
+            dependencies: ["UbiquityStore", "UbiquityModel", "UbiquityLinux", "UbiquityLocks", "UbiquityReplica", .product(name: "Logging", package: "swift-log")],
             swiftSettings: swiftSettings),
         .target(
             name: "UbiquityControl",
-            dependencies: ["UbiquityStore"],
+            dependencies: [],
             swiftSettings: swiftSettings),
         .target(
             name: "UbiquityFUSE",
-            dependencies: ["CFuse3", "CFuseWire", "UbiquityFS", "UbiquityReplica", "UbiquityStore", "UbiquityLocks", "UbiquityLocator",
+            dependencies: ["CFuse3", "CFuseWire", "UbiquityFS", "UbiquityReplica", "UbiquityModel", "UbiquityLinux", "UbiquityLocks", "UbiquityLocator",
                            .product(name: "Logging", package: "swift-log")],
             swiftSettings: swiftSettings),
         .target(name: "UbiquityProtocol", swiftSettings: swiftSettings),
@@ -78,7 +84,7 @@ let package = Package(
         .target(
             name: "UbiquityDaemon",
             dependencies: [
-                "UbiquityProtocol", "UbiquityFUSE", "UbiquityFS", "UbiquitySync", "UbiquityReplica", "UbiquityStore", "UbiquityControl", "UbiquityS3",
+                "UbiquityProtocol", "UbiquityFUSE", "UbiquityFS", "UbiquitySync", "UbiquityReplica", "UbiquityStore", "UbiquityModel", "UbiquityLinux", "UbiquityControl", "UbiquityS3",
                 "UbiquityLocks", "UbiquityLocator",
                 .product(name: "Logging", package: "swift-log"),
             ],
@@ -86,14 +92,14 @@ let package = Package(
         .target(
             name: "UbiquityCLI",
             dependencies: [
-                "UbiquityDaemon", "UbiquityProtocol", "UbiquityLocator", "UbiquityFUSE", "UbiquitySync", "UbiquityReplica", "UbiquityStore", "UbiquityControl", "UbiquityS3",
+                "UbiquityDaemon", "UbiquityProtocol", "UbiquityLocator", "UbiquityFUSE", "UbiquitySync", "UbiquityReplica", "UbiquityStore", "UbiquityModel", "UbiquityControl", "UbiquityS3",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
             ],
             swiftSettings: swiftSettings),
         .executableTarget(name: "ubiquityfs", dependencies: ["UbiquityCLI"], swiftSettings: swiftSettings),
         // Stores for tests (in memory, with injected faults): never in the product.
-        .target(name: "UbiquityTesting", dependencies: ["UbiquityStore", "UbiquityLocks"], swiftSettings: swiftSettings),
+        .target(name: "UbiquityTesting", dependencies: ["UbiquityStore", "UbiquityModel", "UbiquityLocks"], swiftSettings: swiftSettings),
         // The command with fault injection (UBIQUITYFS_FAULTS) for the mount tests: built, never installed.
         .executableTarget(name: "ubiquityfs-testing", dependencies: ["UbiquityCLI", "UbiquityDaemon", "UbiquityReplica", "UbiquityTesting"],
                           path: "Tests/ubiquityfs-testing", swiftSettings: swiftSettings),
@@ -117,16 +123,16 @@ let package = Package(
             swiftSettings: swiftSettings),
         .testTarget(
             name: "UbiquityS3Tests",
-            dependencies: ["UbiquityS3", "UbiquityStore", "UbiquityTesting"],
+            dependencies: ["UbiquityS3", "UbiquityStore", "UbiquityModel", "UbiquityTesting"],
             swiftSettings: swiftSettings),
         .testTarget(
             name: "UbiquityDaemonTests",
-            dependencies: ["UbiquityDaemon", "UbiquityProtocol", "UbiquityControl", "UbiquitySync", "UbiquityReplica", "UbiquityStore",
+            dependencies: ["UbiquityDaemon", "UbiquityProtocol", "UbiquityControl", "UbiquitySync", "UbiquityReplica", "UbiquityStore", "UbiquityModel",
                            .product(name: "Logging", package: "swift-log")],
             swiftSettings: swiftSettings),
         .testTarget(
             name: "UbiquityCoreTests",
-            dependencies: ["UbiquityFS", "UbiquitySync", "UbiquityReplica", "UbiquityStore", "UbiquityTesting"],
+            dependencies: ["UbiquityFS", "UbiquitySync", "UbiquityReplica", "UbiquityStore", "UbiquityModel", "UbiquityTesting"],
             swiftSettings: swiftSettings),
     ]
 )

@@ -5,7 +5,7 @@ import UbiquityLocator
 import UbiquityFUSE
 import UbiquityProtocol
 import UbiquityReplica
-import UbiquityStore
+import UbiquityModel
 #if canImport(Glibc)
 import Glibc
 #endif

@@ -5,6 +5,7 @@ import Glibc
 #endif
 import UbiquityDaemon
 import UbiquityReplica
+import UbiquityModel
 import UbiquityStore
 import UbiquitySync
 import Logging

@@ -4,7 +4,7 @@ import UbiquityFUSE
 import UbiquityLocator
 import UbiquityProtocol
 import UbiquityReplica
-import UbiquityStore
+import UbiquityModel
 #if canImport(Glibc)
 import Glibc
 #endif

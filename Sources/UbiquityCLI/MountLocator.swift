@@ -3,7 +3,7 @@ import UbiquityDaemon
 import UbiquityFUSE
 import UbiquityProtocol
 import UbiquityReplica
-import UbiquityStore
+import UbiquityModel
 #if canImport(Glibc)
 import Glibc
 #endif

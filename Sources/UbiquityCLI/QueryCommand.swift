@@ -4,7 +4,7 @@ import UbiquityControl
 import UbiquityDaemon
 import UbiquityProtocol
 import UbiquityReplica
-import UbiquityStore
+import UbiquityModel
 import UbiquitySync
 
 /// `ubiquityfs query`: NSMetadataQuery for the command line.

@@ -3,7 +3,7 @@ import Foundation
 import UbiquityDaemon
 import UbiquityFUSE
 import UbiquityReplica
-import UbiquityStore
+import UbiquityModel
 #if canImport(Glibc)
 import Glibc
 #endif

@@ -4,7 +4,7 @@ import UbiquityDaemon
 import UbiquityS3
 #if canImport(Glibc)
 import Glibc
-import UbiquityStore
+import UbiquityModel
 #endif
 
 /// The options that name a store, shared by every command that opens one.

@@ -5,7 +5,7 @@ import UbiquityFS
 import UbiquityFUSE
 import UbiquityProtocol
 import UbiquityReplica
-import UbiquityStore
+import UbiquityModel
 import UbiquitySync
 #if canImport(Glibc)
 import Glibc

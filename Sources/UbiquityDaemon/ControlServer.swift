@@ -2,7 +2,8 @@ import Foundation
 import Logging
 import UbiquityLocks
 import UbiquityProtocol
-import UbiquityStore
+import UbiquityModel
+import UbiquityLinux
 #if canImport(Glibc)
 import Glibc
 #endif

@@ -6,7 +6,9 @@ import UbiquityFUSE
 import UbiquityLocator
 import UbiquityProtocol
 import UbiquityReplica
+import UbiquityModel
 import UbiquityStore
+import UbiquityLinux
 import UbiquitySync
 #if canImport(Glibc)
 import Glibc

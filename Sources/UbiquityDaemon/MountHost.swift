@@ -7,7 +7,8 @@ import UbiquityLocator
 import UbiquityProtocol
 import UbiquityReplica
 import UbiquityS3
-import UbiquityStore
+import UbiquityModel
+import UbiquityLinux
 import UbiquitySync
 #if canImport(Glibc)
 import Glibc

@@ -1,7 +1,8 @@
 import Foundation
 @_exported import UbiquityLocator
 import UbiquityReplica
-import UbiquityStore
+import UbiquityModel
+import UbiquityLinux
 #if canImport(Glibc)
 import Glibc
 #endif

@@ -2,7 +2,7 @@ import Foundation
 import UbiquityControl
 import UbiquityProtocol
 import UbiquityReplica
-import UbiquityStore
+import UbiquityModel
 import UbiquitySync
 #if canImport(Glibc)
 import Glibc

@@ -2,6 +2,7 @@ import Foundation
 import Logging
 import UbiquityReplica
 import UbiquityS3
+import UbiquityModel
 import UbiquityStore
 #if canImport(Glibc)
 import Glibc

@@ -1,7 +1,7 @@
 import Foundation
 import UbiquityLocks
 import UbiquityReplica
-import UbiquityStore
+import UbiquityModel
 #if canImport(Glibc)
 import Glibc
 #endif

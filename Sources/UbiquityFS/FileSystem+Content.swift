@@ -1,6 +1,8 @@
 import Foundation
 import UbiquityReplica
+import UbiquityModel
 import UbiquityStore
+import UbiquityLinux
 #if canImport(Glibc)
 import Glibc
 #endif

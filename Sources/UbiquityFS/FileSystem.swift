@@ -1,7 +1,8 @@
 import Foundation
 import UbiquityLocks
 import UbiquityReplica
-import UbiquityStore
+import UbiquityModel
+import UbiquityLinux
 #if canImport(Glibc)
 import Glibc
 #endif

@@ -3,7 +3,8 @@ import Logging
 import Synchronization
 import UbiquityLocks
 import UbiquityReplica
-import UbiquityStore
+import UbiquityModel
+import UbiquityLinux
 #if canImport(Glibc)
 import Glibc
 #endif

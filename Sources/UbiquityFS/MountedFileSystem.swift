@@ -1,5 +1,5 @@
 import Foundation
-import UbiquityStore
+import UbiquityModel
 
 /// What the FUSE adapter serves at one mountpoint: a view of one container
 /// (`FileSystem`) or the drive (`DriveFileSystem`, which routes to several).

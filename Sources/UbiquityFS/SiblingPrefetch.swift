@@ -1,6 +1,7 @@
 import Foundation
 import UbiquityLocks
 import UbiquityReplica
+import UbiquityModel
 import UbiquityStore
 #if canImport(Glibc)
 import Glibc

@@ -1,6 +1,6 @@
 import Foundation
 import UbiquityLocks
-import UbiquityStore
+import UbiquityModel
 #if canImport(Glibc)
 import Glibc
 #endif

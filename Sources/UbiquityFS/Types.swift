@@ -1,5 +1,6 @@
 import Foundation
 import UbiquityReplica
+import UbiquityModel
 import UbiquityStore
 
 /// Plain reply types of the filesystem core. The FUSE adapter turns them

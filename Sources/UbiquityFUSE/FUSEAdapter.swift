@@ -4,7 +4,7 @@ import Foundation
 import UbiquityLocks
 import Logging
 import UbiquityFS
-import UbiquityStore
+import UbiquityModel
 
 /// The only code that touches libfuse: it translates each low-level request
 /// into a call on `FileSystem` and the result into a `fuse_reply_*`.

@@ -5,7 +5,8 @@ import Logging
 import UbiquityLocks
 import UbiquityFS
 import UbiquityLocator
-import UbiquityStore
+import UbiquityModel
+import UbiquityLinux
 import UbiquityReplica
 
 /// A libfuse low-level session serving one `MountedFileSystem` at a mountpoint.

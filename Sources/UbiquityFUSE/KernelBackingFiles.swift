@@ -3,7 +3,7 @@ import Foundation
 import Logging
 import Synchronization
 import UbiquityFS
-import UbiquityStore
+import UbiquityModel
 
 /// The kernel's registry of backing files for one session (FUSE
 /// passthrough): `FUSE_DEV_IOC_BACKING_OPEN` and `_CLOSE` on its /dev/fuse.

@@ -1,5 +1,6 @@
 import Glibc
-import UbiquityStore
+import UbiquityModel
+import UbiquityLinux
 
 /// Giving back the pages a large WRITE left in a worker's receive buffer.
 ///

@@ -1,4 +1,4 @@
-import UbiquityStore
+import UbiquityModel
 
 /// Node IDs and content hashes as the namespace keeps them: a canonical
 /// UUID in its 16 bytes, a canonical SHA-256 name in its 32 bytes, and

@@ -1,6 +1,7 @@
 import Foundation
 import UbiquityLocks
-import UbiquityStore
+import UbiquityModel
+import UbiquityLinux
 #if canImport(Glibc)
 import Glibc
 #endif

@@ -1,5 +1,6 @@
 import Foundation
-import UbiquityStore
+import UbiquityModel
+import UbiquityLinux
 
 /// Who has a file's content open: the counts every mount of the replica
 /// shares on the node (`LocalNode.opening`, `openCount`, `openWriters`),

@@ -1,5 +1,5 @@
 import Foundation
-import UbiquityStore
+import UbiquityModel
 
 /// One directory's entries (name → inode number and cookie), as the
 /// namespace keeps them: 16 bytes per entry, the names in one byte buffer

@@ -1,4 +1,4 @@
-import UbiquityStore
+import UbiquityModel
 
 /// What the entries a pull changed named before it: for each (folder, name)
 /// a remote change set touched, the node there before the first change

@@ -1,7 +1,8 @@
 import Foundation
 import Synchronization
 import UbiquityLocks
-import UbiquityStore
+import UbiquityModel
+import UbiquityLinux
 
 /// When programs last used the mount, so that background work gives way to them.
 ///

@@ -1,7 +1,7 @@
 import Foundation
 import GRDB
 import UbiquityLocks
-import UbiquityStore
+import UbiquityModel
 
 /// The replica's persistent index: one SQLite database (GRDB, WAL,
 /// `synchronous=NORMAL`) holding every node, entry and pending change.

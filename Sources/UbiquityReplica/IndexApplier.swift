@@ -1,5 +1,7 @@
 import Foundation
+import UbiquityModel
 import UbiquityStore
+import UbiquityLinux
 
 /// Writes the operation log's records to SQLite, in the background.
 ///

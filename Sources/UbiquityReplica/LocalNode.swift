@@ -1,5 +1,5 @@
 import Foundation
-import UbiquityStore
+import UbiquityModel
 
 /// One node as this device knows it: the shared state (`NodeState`) plus
 /// what only this replica tracks — the inode number, whether the content is

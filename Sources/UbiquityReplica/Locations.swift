@@ -1,6 +1,6 @@
 import Foundation
 import UbiquityLocator
-import UbiquityStore
+import UbiquityModel
 #if canImport(Glibc)
 import Glibc
 #endif

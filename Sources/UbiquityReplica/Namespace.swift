@@ -1,5 +1,5 @@
 import Foundation
-import UbiquityStore
+import UbiquityModel
 
 /// A local change to an entry that is not pushed yet.
 public struct PendingEntry: Sendable, Equatable {

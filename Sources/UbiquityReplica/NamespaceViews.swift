@@ -1,4 +1,4 @@
-import UbiquityStore
+import UbiquityModel
 
 /// Read-only views of a namespace's `NodeStore`, shaped like the
 /// dictionaries they replace (`[UInt64: LocalNode]`,

@@ -1,5 +1,5 @@
 import Foundation
-import UbiquityStore
+import UbiquityModel
 
 /// Where the namespace's nodes and entries live in memory: the resident
 /// form behind `Namespace.nodes`, `Namespace.inoByID` and

@@ -1,5 +1,6 @@
 import Foundation
-import UbiquityStore
+import UbiquityModel
+import UbiquityLinux
 #if canImport(Glibc)
 import Glibc
 #endif

@@ -1,4 +1,4 @@
-import UbiquityStore
+import UbiquityModel
 
 /// What a pull changed, limited to what the kernel may have cached (nodes
 /// and directories it holds references to): the entries to invalidate and

@@ -1,7 +1,8 @@
 import Foundation
 import Synchronization
 import UbiquityLocks
-import UbiquityStore
+import UbiquityModel
+import UbiquityLinux
 #if canImport(Glibc)
 import Glibc
 #endif

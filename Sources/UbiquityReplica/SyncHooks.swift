@@ -1,4 +1,5 @@
 import Foundation
+import UbiquityModel
 import UbiquityStore
 
 /// How the core talks to the sync engine without depending on it.

@@ -10,7 +10,8 @@
 /// Not implemented: SSO, assume-role (role_arn/source_profile), credential_process, web identity,
 /// container and instance metadata credentials.
 import Foundation
-import UbiquityStore
+import UbiquityModel
+import UbiquityLinux
 #if canImport(Glibc)
 import Glibc
 #endif

@@ -2,6 +2,7 @@ import AsyncHTTPClient
 import Foundation
 import NIOCore
 import NIOHTTP1
+import UbiquityModel
 import UbiquityStore
 
 /// The body of a GET written into a file as it arrives, and hashed on the

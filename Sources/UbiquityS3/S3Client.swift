@@ -5,7 +5,7 @@ import Logging
 import NIOCore
 import NIOHTTP1
 import Synchronization
-import UbiquityStore
+import UbiquityModel
 
 /// Signed S3 requests over async-http-client, for callers that block (the
 /// sync engine's threads; never an event loop).

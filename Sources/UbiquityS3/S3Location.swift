@@ -1,5 +1,5 @@
 import Foundation
-import UbiquityStore
+import UbiquityModel
 
 /// Where an S3 store lives: a bucket, a key prefix in it, and the server.
 ///

@@ -3,6 +3,7 @@ import Logging
 import NIOHTTP1
 import Synchronization
 import UbiquityLocks
+import UbiquityModel
 import UbiquityStore
 
 /// A store in an S3 bucket (AWS S3, Ceph RGW, SeaweedFS, MinIO, R2…): the
@@ -356,7 +357,7 @@ public final class S3Store: Store, @unchecked Sendable {
     }
 
     public func putBlob(_ hash: String, data: Data) throws {
-        precondition(ContentCopy.isValidHash(hash))
+        precondition(ContentHash.isValid(hash))
         try verifyMarker()
         // Content-addressed: writing the same bytes again is harmless, and
         // replaces a copy that was cut short or damaged.
@@ -418,7 +419,7 @@ public final class S3Store: Store, @unchecked Sendable {
             for entry in Self.xmlValues("Contents", in: page.body) {
                 let fragment = Data(entry.utf8)
                 guard let key = Self.xmlValues("Key", in: fragment).first, key.hasPrefix(prefix),
-                      let hash = key.split(separator: "/").last.map(String.init), ContentCopy.isValidHash(hash),
+                      let hash = key.split(separator: "/").last.map(String.init), ContentHash.isValid(hash),
                       let size = Self.xmlValues("Size", in: fragment).first.flatMap(UInt64.init),
                       let modifiedText = Self.xmlValues("LastModified", in: fragment).first,
                       let modified = iso.date(from: modifiedText) ?? isoWhole.date(from: modifiedText) else { continue }
@@ -434,7 +435,7 @@ public final class S3Store: Store, @unchecked Sendable {
     /// supports, so a device putting the blob again between the two loses
     /// it (it is put back by that device's check of what it holds).
     public func removeBlob(_ hash: String, unchangedSince: Date) throws -> Bool {
-        precondition(ContentCopy.isValidHash(hash))
+        precondition(ContentHash.isValid(hash))
         try verifyMarker()
         let response = try client.send(.HEAD, key: blobKey(hash), expect: [404])
         guard response.status != 404 else { return false }

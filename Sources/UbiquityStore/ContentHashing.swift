@@ -2,6 +2,8 @@ import Crypto
 import Foundation
 #if canImport(Glibc)
 import Glibc
+import UbiquityModel
+import UbiquityLinux
 #endif
 
 /// SHA-256 names of content (lower-case hex).
@@ -39,11 +41,6 @@ public enum ContentCopy {
             out.append(table[Int(byte & 0xf)])
         }
         return String(decoding: out, as: UTF8.self)
-    }
-
-    /// A blob name must be exactly 64 lower-case hex digits.
-    public static func isValidHash(_ hash: String) -> Bool {
-        hash.utf8.count == 64 && hash.utf8.allSatisfy { (0x30...0x39).contains($0) || (0x61...0x66).contains($0) }
     }
 }
 

@@ -4,6 +4,8 @@ import UbiquityLocks
 import CLinux
 #if canImport(Glibc)
 import Glibc
+import UbiquityModel
+import UbiquityLinux
 #endif
 
 /// A store kept in a local (or shared) folder — the embedded default.
@@ -376,7 +378,7 @@ public final class FolderStore: Store {
     }
 
     public func putBlob(_ hash: String, data: Data) throws {
-        precondition(ContentCopy.isValidHash(hash))
+        precondition(ContentHash.isValid(hash))
         try checkReachableForBlobs()
         let destination = blobURL(hash)
         if let size = try blobSize(hash) {
@@ -408,7 +410,7 @@ public final class FolderStore: Store {
         let buckets = (try? FileManager.default.contentsOfDirectory(atPath: folder)) ?? []
         for bucket in buckets where bucket.count == 2 {
             for name in (try? FileManager.default.contentsOfDirectory(atPath: folder + "/" + bucket)) ?? [] {
-                guard ContentCopy.isValidHash(name), name.hasPrefix(bucket) else { continue }
+                guard ContentHash.isValid(name), name.hasPrefix(bucket) else { continue }
                 var st = stat()
                 guard stat(folder + "/" + bucket + "/" + name, &st) == 0, st.st_mode & S_IFMT == S_IFREG else { continue }
                 out.append(StoredBlob(hash: name, size: UInt64(st.st_size),
@@ -419,7 +421,7 @@ public final class FolderStore: Store {
     }
 
     public func removeBlob(_ hash: String, unchangedSince: Date) throws -> Bool {
-        precondition(ContentCopy.isValidHash(hash))
+        precondition(ContentHash.isValid(hash))
         try checkReachableForBlobs()
         var st = stat()
         guard stat(blobPath(hash), &st) == 0 else { return false }

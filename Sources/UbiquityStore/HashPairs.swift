@@ -1,6 +1,7 @@
 import CHashLanes
 import Crypto
 import Foundation
+import UbiquityModel
 
 /// Chunks verified two at a time, in one thread.
 ///

@@ -1,6 +1,7 @@
 import Foundation
 #if canImport(Glibc)
 import Glibc
+import UbiquityModel
 #endif
 
 /// Watches a folder store's journal directory with inotify, so a commit by

@@ -2,6 +2,8 @@ import CLinux
 import Foundation
 import Synchronization
 import UbiquityLocks
+import UbiquityModel
+import UbiquityLinux
 
 /// Blocking work (network requests) spread over a few helper threads.
 /// Not `DispatchQueue.concurrentPerform`: that runs about one iteration per

@@ -1,4 +1,5 @@
 import Foundation
+import UbiquityModel
 
 /// What the sync engine needs from "the cloud": an append-only journal per
 /// container and content-addressed blobs.

@@ -1,6 +1,6 @@
 import Foundation
 import UbiquityReplica
-import UbiquityStore
+import UbiquityModel
 
 /// Applies one change set committed by another device to the replica, and
 /// resolves what meets a local change not pushed yet. The conflict rules are

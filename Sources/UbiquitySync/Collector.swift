@@ -1,5 +1,6 @@
 import Foundation
 import Logging
+import UbiquityModel
 import UbiquityStore
 
 /// The store's garbage collector: removes the blobs (content, chunk

@@ -1,7 +1,9 @@
 import Foundation
 import Synchronization
 import UbiquityReplica
+import UbiquityModel
 import UbiquityStore
+import UbiquityLinux
 #if canImport(Glibc)
 import Glibc
 #endif

@@ -1,7 +1,7 @@
 import Foundation
 import GRDB
 import Logging
-import UbiquityStore
+import UbiquityModel
 
 /// The container's history as this device learned it from the journal:
 /// every state each node was committed in, each name it was given, and

@@ -1,7 +1,7 @@
 import Foundation
 import UbiquityReplica
 import UbiquityProtocol
-import UbiquityStore
+import UbiquityModel
 
 /// One item as a metadata query sees it.
 public struct ItemRecord: Sendable {

@@ -4,6 +4,7 @@ import Logging
 import Synchronization
 import UbiquityLocks
 import UbiquityReplica
+import UbiquityModel
 import UbiquityStore
 
 /// Packing small files: a push round puts the content of many small files

@@ -1,5 +1,6 @@
 import Foundation
 import UbiquityReplica
+import UbiquityModel
 import UbiquityStore
 #if canImport(Glibc)
 import Glibc

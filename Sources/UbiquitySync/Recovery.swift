@@ -1,6 +1,7 @@
 import Foundation
 import UbiquityReplica
-import UbiquityStore
+import UbiquityModel
+import UbiquityLinux
 
 /// Crash recovery never replaces a good version with a torn write.
 ///

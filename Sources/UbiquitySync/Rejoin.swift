@@ -1,6 +1,6 @@
 import Foundation
 import UbiquityReplica
-import UbiquityStore
+import UbiquityModel
 
 /// Rejoining the journal after the collector removed records this replica
 /// had not applied (docs/STORE-FORMAT.md, "Compacting the journal").

@@ -1,6 +1,8 @@
 import Foundation
 import UbiquityReplica
+import UbiquityModel
 import UbiquityStore
+import UbiquityLinux
 
 /// Snapshots (`SnapshotRecord`): a new replica starts from the newest one
 /// it can use, then replays only the records after it; a device whose

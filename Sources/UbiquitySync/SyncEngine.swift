@@ -2,7 +2,9 @@ import Foundation
 import Logging
 import UbiquityLocks
 import UbiquityReplica
+import UbiquityModel
 import UbiquityStore
+import UbiquityLinux
 #if canImport(Glibc)
 import Glibc
 #endif

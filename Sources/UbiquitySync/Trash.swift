@@ -1,6 +1,6 @@
 import Foundation
 import UbiquityReplica
-import UbiquityStore
+import UbiquityModel
 
 /// Recently Deleted: what was deleted on any device within the retention
 /// period, read from the history (`History.swift`), and bringing it back.

@@ -1,6 +1,8 @@
 import Foundation
 import UbiquityReplica
+import UbiquityModel
 import UbiquityStore
+import UbiquityLinux
 
 /// Conflict versions of an item (`NSFileVersion`'s unresolved conflict
 /// versions) and resolving them. The versions of an item are its current

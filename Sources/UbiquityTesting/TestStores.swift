@@ -1,5 +1,6 @@
 import Foundation
 import UbiquityLocks
+import UbiquityModel
 import UbiquityStore
 #if canImport(Glibc)
 import Glibc

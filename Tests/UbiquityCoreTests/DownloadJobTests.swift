@@ -1,5 +1,6 @@
 import Foundation
 import Testing
+import UbiquityModel
 import UbiquityStore
 @testable import UbiquitySync
 

@@ -4,6 +4,7 @@ import UbiquityLocks
 import Testing
 import UbiquityFS
 import UbiquityReplica
+import UbiquityModel
 import UbiquityStore
 import UbiquityTesting
 @testable import UbiquitySync

@@ -2,6 +2,7 @@ import Crypto
 import Foundation
 import UbiquityLocks
 import Testing
+import UbiquityModel
 @testable import UbiquityStore
 
 /// Chunks hashed two at a time (`HashPairs`, `CHashLanes`): every digest is

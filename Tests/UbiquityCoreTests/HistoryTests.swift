@@ -2,7 +2,7 @@ import Foundation
 import Testing
 import UbiquityFS
 import UbiquityReplica
-import UbiquityStore
+import UbiquityModel
 import UbiquityTesting
 import UbiquitySync
 #if canImport(Glibc)

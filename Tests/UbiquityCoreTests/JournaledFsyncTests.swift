@@ -2,7 +2,7 @@ import Foundation
 import Testing
 import UbiquityFS
 @testable import UbiquityReplica
-import UbiquityStore
+import UbiquityModel
 import UbiquityTesting
 #if canImport(Glibc)
 import Glibc

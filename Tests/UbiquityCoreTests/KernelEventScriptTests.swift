@@ -2,7 +2,7 @@ import Foundation
 import Testing
 @testable import UbiquityFS
 @testable import UbiquityReplica
-import UbiquityStore
+import UbiquityModel
 @testable import UbiquitySync
 #if canImport(Glibc)
 import Glibc

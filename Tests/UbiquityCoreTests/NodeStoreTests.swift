@@ -1,6 +1,7 @@
 import Foundation
 import Testing
 @testable import UbiquityReplica
+import UbiquityModel
 import UbiquityStore
 
 /// The namespace's resident form (`NodeStore`): whatever a node, an entry

@@ -2,6 +2,7 @@ import Foundation
 import Testing
 import UbiquityFS
 import UbiquityReplica
+import UbiquityModel
 import UbiquityStore
 import UbiquitySync
 #if canImport(Glibc)

@@ -2,6 +2,7 @@ import Foundation
 import Synchronization
 import Testing
 import CLinux
+import UbiquityModel
 @testable import UbiquityStore
 
 /// `Parallel.map`: results in order, callers running at once share one

@@ -3,7 +3,7 @@ import Logging
 import Testing
 import UbiquityFS
 import UbiquityReplica
-import UbiquityStore
+import UbiquityModel
 import UbiquityTesting
 import UbiquitySync
 

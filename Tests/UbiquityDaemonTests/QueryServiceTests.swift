@@ -4,7 +4,7 @@ import UbiquityControl
 @testable import UbiquityDaemon
 import UbiquityProtocol
 import UbiquityReplica
-import UbiquityStore
+import UbiquityModel
 import UbiquitySync
 
 /// The query's fast path (the predicate compiled against a scan's views of

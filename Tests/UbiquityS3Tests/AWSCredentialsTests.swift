@@ -1,7 +1,7 @@
 import Foundation
 import Testing
 import UbiquityS3
-import UbiquityStore
+import UbiquityModel
 #if canImport(Glibc)
 import Glibc
 #endif

@@ -2,6 +2,7 @@ import Foundation
 import UbiquityLocks
 import Testing
 import UbiquityS3
+import UbiquityModel
 import UbiquityStore
 import UbiquityTesting
 #if canImport(Glibc)

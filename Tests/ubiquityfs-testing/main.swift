@@ -10,7 +10,7 @@ import Foundation
 import UbiquityCLI
 import UbiquityDaemon
 import UbiquityReplica
-import UbiquityStore
+import UbiquityModel
 import UbiquityTesting
 
 if let boot = ProcessInfo.processInfo.environment["UBIQUITYFS_TEST_BOOT_ID"], !boot.isEmpty {

@@ -3,43 +3,15 @@ import Glibc
 #endif
 import CLinux
 import Foundation
+import UbiquityModel
 
-/// The one error type of UbiquityFS.
-///
-/// Every failure carries the errno the filesystem would answer with and a
-/// message for people (logs, CLI). Foreign errors are wrapped with `EIO`
-/// by `UbiquityError.wrap(_:)`, so nothing else escapes the core.
-public struct UbiquityError: Error, CustomStringConvertible, Sendable {
-    public var errno: Int32
-    public var message: String
+/// The Linux helpers: system calls Swift's Glibc module lacks (`CLinux`),
+/// retried and turned into `UbiquityError`s.
 
-    public init(_ errno: Int32, _ message: String = "") {
-        self.errno = errno
-        self.message = message
-    }
-
-    public var description: String {
-        message.isEmpty ? String(cString: strerror(errno)) : message
-    }
-
-    /// Wrap any error: a `UbiquityError` passes through, anything else is `EIO`.
-    public static func wrap(_ error: any Error, _ context: String = "") -> UbiquityError {
-        if let e = error as? UbiquityError { return e }
-        let text = context.isEmpty ? "\(error)" : "\(context): \(error)"
-        return UbiquityError(EIO, text)
-    }
-
+extension UbiquityError {
     /// The errno's symbolic name (`EAGAIN`), for messages that name it.
     public var errnoName: String {
         ubq_errno_name(errno).map { String(cString: $0) } ?? "errno \(errno)"
-    }
-
-    /// The same message with another errno (to keep the cause's errno, e.g. EHOSTDOWN).
-    public func withErrno(_ code: Int32) -> UbiquityError { UbiquityError(code, message) }
-
-    /// The error of the last failed system call, with what was being done.
-    public static func posix(_ context: String, errno code: Int32 = Glibc.errno) -> UbiquityError {
-        UbiquityError(code, "\(context): \(String(cString: strerror(code)))")
     }
 }
 

@@ -457,7 +457,7 @@ public struct ChunkManifest: Codable, Sendable, Equatable {
             let manifest = try JSONDecoder().decode(ChunkManifest.self, from: data)
             let expected = manifest.chunkSize == 0 ? 0 : (manifest.size + manifest.chunkSize - 1) / manifest.chunkSize
             guard manifest.chunkSize > 0, UInt64(manifest.chunks.count) == expected,
-                  manifest.chunks.allSatisfy(ContentCopy.isValidHash) else {
+                  manifest.chunks.allSatisfy(ContentHash.isValid) else {
                 throw UbiquityError(EIO, "chunk manifest is inconsistent")
             }
             return manifest
@@ -466,5 +466,13 @@ public struct ChunkManifest: Codable, Sendable, Equatable {
         } catch {
             throw UbiquityError(EIO, "chunk manifest is damaged: \(error)")
         }
+    }
+}
+
+/// Content names in the store: the SHA-256 of the bytes.
+public enum ContentHash {
+    /// A blob name must be exactly 64 lower-case hex digits.
+    public static func isValid(_ hash: String) -> Bool {
+        hash.utf8.count == 64 && hash.utf8.allSatisfy { (0x30...0x39).contains($0) || (0x61...0x66).contains($0) }
     }
 }

@@ -77,7 +77,7 @@ public struct SnapshotRecord: Codable, Sendable, Equatable {
         if let problem = RecordFormat.problem(deviceName: deviceName) { throw fail("device name \(problem)") }
         guard nodes > 0 else { throw fail("it describes \(nodes) nodes") }
         guard !parts.isEmpty, parts.count <= Self.maxParts else { throw fail("it has \(parts.count) parts (1 to \(Self.maxParts))") }
-        guard parts.allSatisfy(ContentCopy.isValidHash) else { throw fail("a part is not named by a SHA-256") }
+        guard parts.allSatisfy(ContentHash.isValid) else { throw fail("a part is not named by a SHA-256") }
     }
 }
 

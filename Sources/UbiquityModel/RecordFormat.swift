@@ -265,7 +265,7 @@ extension NodeState {
         guard uid != UInt32.max, gid != UInt32.max else { return "\(node): owner \(uid):\(gid) is not valid (-1 means none)" }
         guard size <= RecordFormat.maxContentSize else { return "\(node): size \(size) is larger than \(RecordFormat.maxContentSize)" }
         guard base < seq else { return "\(node): base \(base) is not an earlier record" }
-        if let hash, !ContentCopy.isValidHash(hash) {
+        if let hash, !ContentHash.isValid(hash) {
             return "\(node): hash \(RecordFormat.quoted(hash)) is not 64 lower-case hex digits"
         }
         if rdev != 0 && kind != .charDevice && kind != .blockDevice { return "\(node): a \(kind.rawValue) has no device number" }
@@ -301,7 +301,7 @@ extension NodeState {
         }
         if let pack {
             guard kind == .file, hash != nil, chunked != true else { return "\(node): only a file's unchunked content can be in a pack" }
-            guard ContentCopy.isValidHash(pack.hash) else {
+            guard ContentHash.isValid(pack.hash) else {
                 return "\(node): pack \(RecordFormat.quoted(pack.hash)) is not 64 lower-case hex digits"
             }
             guard size > 0, size < UInt64(PackLayout.memberLimit) else {
