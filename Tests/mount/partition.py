@@ -30,9 +30,10 @@ Then the round is checked:
 * diverged: the devices' trees (names, kinds, modes, sizes, SHA-256 of the
   content) are not identical within CONVERGE_TIMEOUT;
 * lost: a content a device wrote in this round (every write and append
-  carries a unique token) and did not itself supersede afterwards (overwrite,
-  unlink, rename over it, on the same device) is in no file of the tree — at
-  its path, renamed or in a conflicted copy;
+  carries a unique token) that no device superseded afterwards (overwrote,
+  unlinked or renamed over, having read it there: the writer itself, or an
+  online device that pulled it) is in no file of the tree — at its path,
+  renamed or in a conflicted copy;
 * lost older content: a content that was in the tree when the round began,
   and that no device superseded in the round, is in no file any more (e.g. a
   file moved into a folder that another device deleted);
@@ -820,12 +821,13 @@ class Partition:
         if trees and not res.diverged:
             tree = trees[self.actors[0].label]
             present = {t for e in tree.values() for t in e.tokens}
+            superseded = set().union(*(a.superseded for a in self.actors))
             for a in self.actors:
-                lost = sorted(a.written - a.superseded - present)
+                lost = sorted(a.written - superseded - present)
                 if lost:
                     res.lost[a.label] = lost
             older = {t for e in start_tree.values() for t in e.tokens}
-            res.lost_old = sorted(older - set().union(*(a.superseded for a in self.actors)) - present)
+            res.lost_old = sorted(older - superseded - present)
             for label, t in trees.items():
                 res.links += link_problems(label, t)
             odd = sorted(rel for rel in tree if not NAME_RE.match(os.path.basename(rel)))
