@@ -80,17 +80,20 @@ public enum LinuxCalls {
     /// Give memory freed by a large operation back to the system.
     public static func releaseFreeMemory() { _ = ubq_malloc_trim() }
 
-    /// Make the calling thread background work: nice 10 and the lowest
-    /// best-effort I/O priority.
+    /// The nice value of background work: the lowest, as file indexers run.
+    static let backgroundNice: Int32 = 19
+
+    /// Make the calling thread background work: nice 19 and the lowest
+    /// best-effort I/O priority (DESIGN.md, "Priorities and lock order").
     public static func lowerThreadPriority() {
         let tid = ubq_gettid()
-        setpriority(__priority_which_t(PRIO_PROCESS.rawValue), id_t(tid), 10)
+        setpriority(__priority_which_t(PRIO_PROCESS.rawValue), id_t(tid), backgroundNice)
         _ = ubq_ioprio_lowest(tid)
     }
 
     /// Whether the calling thread does background work (`lowerThreadPriority`).
     public static var threadIsLowered: Bool {
         errno = 0
-        return getpriority(__priority_which_t(PRIO_PROCESS.rawValue), id_t(ubq_gettid())) >= 10
+        return getpriority(__priority_which_t(PRIO_PROCESS.rawValue), id_t(ubq_gettid())) >= backgroundNice
     }
 }
