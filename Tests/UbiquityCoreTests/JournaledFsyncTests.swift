@@ -118,31 +118,18 @@ import Glibc
         })
     }
 
-    @Test func journaledRecordsLeaveTheLogOnlyWithTheirFilesSynced() throws {
-        try reopened(as: "boot-2", before: { (a: TestDevice) throws in
-            let file = try create(a, "f.txt")
-            try write(a, file.handle, at: 0, "kept")
-            try a.fs.fsync(handle: file.handle, dataOnly: false)
-            #expect(a.replica.holdsJournaledContent(upTo: .max))
-            // Closing the replica empties the log: the file is synced first.
-            try a.replica.commitAndCheckpoint()
-            #expect(!a.replica.holdsJournaledContent(upTo: .max))
-        }, after: { (again: TestDevice) throws in
-            #expect(again.replica.playedJournaledFiles == 0, "no record is left to play")
-            #expect(try again.read("f.txt") == "kept")
-        })
-    }
-
-    /// Records naming many files leave the log after one `syncfs` where it
-    /// reaches the disk (this replica is on the test machine's disk), and
-    /// after a sync of each file on FUSE, which does not pass `syncfs` on.
-    @Test func manyJournaledFilesLeaveTheLogTogether() throws {
+    /// Closing the replica empties the log: the files its records name are
+    /// synced first — one by one, or past a few (`syncfsFrom`) by one
+    /// `syncfs` where it reaches the disk (this replica is on the test
+    /// machine's disk; FUSE, where the power-cut tests run, does not pass
+    /// `syncfs` on).
+    @Test(arguments: [1, Replica.syncfsFrom * 3])
+    func journaledRecordsLeaveTheLogOnlyWithTheirFilesSynced(files: Int) throws {
         #expect(Replica.syncfsReachesTheDisk(filesystemType: 0xEF53))        // ext4
         #expect(!Replica.syncfsReachesTheDisk(filesystemType: 0x6573_5546))  // FUSE
         #expect(!Replica.syncfsReachesTheDisk(filesystemType: 0x6969))       // NFS
-        let count = Replica.syncfsFrom * 3
         try reopened(as: "boot-2", before: { (a: TestDevice) throws in
-            for i in 0..<count {
+            for i in 0..<files {
                 let file = try create(a, "f\(i).txt")
                 try write(a, file.handle, at: 0, "kept \(i)")
                 try a.fs.fsync(handle: file.handle, dataOnly: false)
@@ -152,7 +139,7 @@ import Glibc
             #expect(!a.replica.holdsJournaledContent(upTo: .max))
         }, after: { (again: TestDevice) throws in
             #expect(again.replica.playedJournaledFiles == 0, "no record is left to play")
-            for i in 0..<count { #expect(try again.read("f\(i).txt") == "kept \(i)") }
+            for i in 0..<files { #expect(try again.read("f\(i).txt") == "kept \(i)") }
         })
     }
 
