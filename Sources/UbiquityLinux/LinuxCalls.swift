@@ -5,8 +5,8 @@ import CLinux
 import Foundation
 import UbiquityModel
 
-/// The Linux helpers: system calls Swift's Glibc module lacks (`CLinux`),
-/// retried and turned into `UbiquityError`s.
+// The Linux helpers: system calls Swift's Glibc module lacks (`CLinux`),
+// retried and turned into `UbiquityError`s.
 
 extension UbiquityError {
     /// The errno's symbolic name (`EAGAIN`), for messages that name it.
