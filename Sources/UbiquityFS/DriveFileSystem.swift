@@ -323,14 +323,13 @@ public final class DriveFileSystem: MountedFileSystem {
     }
 
     /// The root lists the home container's entries, then the container folders.
-    public func readdir(handle: UInt64, offset: Int64, limit: Int, plus: Bool) throws -> [DirectoryEntry] {
+    public func readdir(handle: UInt64, offset: Int64, into sink: ListingSink) throws {
         let (fs, local, slot) = try route(handle)
         guard slot == 0, table.withLock({ $0.rootListings[local] != nil }) else {
-            return try fs.readdir(handle: local, offset: offset, limit: limit, plus: plus).map { entry in
+            return try fs.readdir(handle: local, offset: offset) { entry in
                 var entry = entry
                 entry.ino = Self.outward(entry.ino, slot)
-                entry.entry = entry.entry.map { Self.outward($0, slot) }
-                return entry
+                return sink(entry)
             }
         }
         var start = 0
@@ -339,21 +338,23 @@ public final class DriveFileSystem: MountedFileSystem {
                 let folders = currentFolders().map { (name: $0.name, slot: $0.slot) }
                 table.withLock { $0.rootListings[local] = folders }
             }
-            let entries = try home.readdir(handle: local, offset: offset, limit: limit, plus: plus)
-            if !entries.isEmpty { return entries }
+            var full = false
+            try home.readdir(handle: local, offset: offset) { entry in
+                full = !sink(entry)
+                return !full
+            }
+            if full { return }
         } else {
             start = Int(offset - Self.folderOffsetBase)
         }
         let folders = table.withLock { $0.rootListings[local] ?? [] }
-        guard start < folders.count else { return [] }
-        var out: [DirectoryEntry] = []
-        for (index, folder) in folders.enumerated().dropFirst(start).prefix(limit) {
-            guard let fs = table.withLock({ $0.slots[folder.slot] }) else { continue }
-            let entry = plus ? (try? fs.rootEntry()).map { Self.outward($0, folder.slot) } : nil
-            out.append(DirectoryEntry(name: folder.name, ino: Self.outward(1, folder.slot), type: UInt32(S_IFDIR),
-                                      nextOffset: Self.folderOffsetBase + Int64(index) + 1, entry: entry))
+        for (index, folder) in folders.enumerated().dropFirst(start) where table.withLock({ $0.slots[folder.slot] != nil }) {
+            let taken = folder.name.bytes.withUnsafeBytes { name in
+                sink(ListedEntry(name: name, ino: Self.outward(1, folder.slot), type: UInt32(S_IFDIR),
+                                 nextOffset: Self.folderOffsetBase + Int64(index) + 1))
+            }
+            if !taken { return }
         }
-        return out
     }
 
     public func releasedir(handle: UInt64) {

@@ -590,10 +590,8 @@ extension FileSystem {
         return HandleTable.Listing(ino: ino, directory: directory, order: directory.positionsByCookie(), stamp: stamp)
     }
 
-    /// Entries after `offset`, at most `limit`. With `plus`, each real entry
-    /// carries attributes and takes a lookup reference; the adapter gives
-    /// back (`forget`) the references of entries that did not fit.
-    public func readdir(handle: UInt64, offset: Int64, limit: Int, plus: Bool) throws -> [DirectoryEntry] {
+    /// The entries after `offset` into `sink`, names read in place.
+    public func readdir(handle: UInt64, offset: Int64, into sink: ListingSink) throws {
         var listing = try handles.withLock { table -> HandleTable.Listing in
             guard let listing = table.listings[handle] else { throw UbiquityError(EBADF) }
             return listing
@@ -604,15 +602,16 @@ extension FileSystem {
             let fresh = listing
             handles.withLock { $0.listings[handle] = fresh }
         }
-        guard let directory = listing.directory else { return [] }
-        var out: [DirectoryEntry] = []
+        guard let directory = listing.directory else { return }
         let dirIno = listing.ino
-        if offset < 1 {
-            out.append(DirectoryEntry(name: ".", ino: view.swap(dirIno), type: UInt32(S_IFDIR), nextOffset: 1, entry: nil))
+        func dots(_ name: StaticString, _ ino: UInt64, next: Int64) -> Bool {
+            sink(ListedEntry(name: UnsafeRawBufferPointer(start: name.utf8Start, count: name.utf8CodeUnitCount),
+                             ino: view.swap(ino), type: UInt32(S_IFDIR), nextOffset: next))
         }
+        if offset < 1, !dots(".", dirIno, next: 1) { return }
         if offset < 2 {
             let parent = dirIno == view.root ? dirIno : replica.read { ns in ns.directoryParent[dirIno] ?? dirIno }
-            out.append(DirectoryEntry(name: "..", ino: view.swap(parent), type: UInt32(S_IFDIR), nextOffset: 2, entry: nil))
+            if !dots("..", parent, next: 2) { return }
         }
         // First entry with a cookie above the offset (binary search: positions are in cookie order).
         var low = 0
@@ -621,32 +620,23 @@ extension FileSystem {
             let mid = (low + high) / 2
             if Int64(directory.cookie(at: listing.order[mid])) <= offset { low = mid + 1 } else { high = mid }
         }
-        replica.record { ns in
-            // Entries removed since the snapshot are skipped (not counted against
-            // the limit: an empty answer means the end of the directory); while
-            // the folder's stamp holds, none was.
-            let unchanged = ns.listingStamp(of: dirIno) == listing.stamp
-            for position in listing.order[low...] {
-                if out.count >= limit { break }
-                let (name, value) = directory.entry(at: position)
-                guard unchanged || ns.lookup(dirIno, name) == value.ino,
-                      !(dirIno == view.root && name == view.hidden) else { continue }
-                var entry: EntryReply?
-                let type: UInt32
-                if plus {
-                    guard let node = ns.node(value.ino) else { continue }
-                    kernel.hold(value.ino, in: &ns)
-                    entry = entryReply(node)
-                    type = node.kind.typeBits
-                } else {
+        let hidden = dirIno == view.root ? view.hidden : nil
+        directory.withNames { names in
+            replica.read { ns in
+                // Entries removed since the snapshot are skipped; while the
+                // folder's stamp holds, none was.
+                let unchanged = ns.listingStamp(of: dirIno) == listing.stamp
+                for position in listing.order[low...] {
+                    let value = directory.value(at: position)
+                    let name = names.name(at: position)
+                    guard unchanged || ns.lookup(dirIno, FileName(bytes: Array(name))) == value.ino,
+                          hidden.map({ !name.elementsEqual($0.bytes) }) ?? true else { continue }
                     guard let kind = ns.kind(of: value.ino) else { continue }
-                    type = kind.typeBits
+                    guard sink(ListedEntry(name: name, ino: view.swap(value.ino), type: kind.typeBits,
+                                           nextOffset: Int64(value.cookie))) else { return }
                 }
-                out.append(DirectoryEntry(name: name, ino: view.swap(value.ino), type: type,
-                                          nextOffset: Int64(value.cookie), entry: entry))
             }
         }
-        return out
     }
 
     public func releasedir(handle: UInt64) {

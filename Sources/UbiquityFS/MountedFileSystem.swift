@@ -40,7 +40,8 @@ public protocol MountedFileSystem: AnyObject, Sendable {
     /// What the kernel may do with folder `ino`'s listing at this open:
     /// called after `opendir`, before the kernel reads the listing.
     func listingCache(ino: UInt64) -> ListingCache
-    func readdir(handle: UInt64, offset: Int64, limit: Int, plus: Bool) throws -> [DirectoryEntry]
+    /// The entries after `offset` into `sink`, until it is full or the listing ends.
+    func readdir(handle: UInt64, offset: Int64, into sink: ListingSink) throws
     func releasedir(handle: UInt64)
     func fsyncdir(handle: UInt64) throws
 

@@ -348,8 +348,8 @@ public final class TrashFolder: MountedFileSystem {
         Self.isVirtual(ino) ? .off : base.listingCache(ino: ino)
     }
 
-    public func readdir(handle: UInt64, offset: Int64, limit: Int, plus: Bool) throws -> [DirectoryEntry] {
-        guard handle >= Self.handleBase else { return try base.readdir(handle: handle, offset: offset, limit: limit, plus: plus) }
+    public func readdir(handle: UInt64, offset: Int64, into sink: ListingSink) throws {
+        guard handle >= Self.handleBase else { return try base.readdir(handle: handle, offset: offset, into: sink) }
         let node = try handleNode(handle)
         var entries: [(FileName, UInt64, Node)] = []
         switch node {
@@ -375,16 +375,14 @@ public final class TrashFolder: MountedFileSystem {
         case .item(let item): (current().numbers[item.id] ?? Self.filesIno, Self.filesIno)
         case .info: (Self.infoIno, Self.folderIno)
         }
-        var out: [DirectoryEntry] = []
-        var all: [(FileName, UInt64, UInt32, EntryReply?)] = [(FileName("."), own, UInt32(S_IFDIR), nil), (FileName(".."), up, UInt32(S_IFDIR), nil)]
-        all += entries.map { name, ino, node in
-            let reply = entry(ino, node)
-            return (name, ino, reply.attributes.mode & UInt32(S_IFMT), plus ? reply : nil)
+        var all: [(FileName, UInt64, UInt32)] = [(FileName("."), own, UInt32(S_IFDIR)), (FileName(".."), up, UInt32(S_IFDIR))]
+        all += entries.map { name, ino, node in (name, ino, attributes(ino, node).mode & UInt32(S_IFMT)) }
+        for (index, element) in all.enumerated().dropFirst(Int(max(0, offset))) {
+            let taken = element.0.bytes.withUnsafeBytes { name in
+                sink(ListedEntry(name: name, ino: element.1, type: element.2, nextOffset: Int64(index + 1)))
+            }
+            if !taken { return }
         }
-        for (index, element) in all.enumerated().dropFirst(Int(max(0, offset))).prefix(limit) {
-            out.append(DirectoryEntry(name: element.0, ino: element.1, type: element.2, nextOffset: Int64(index + 1), entry: element.3))
-        }
-        return out
     }
 
     public func releasedir(handle: UInt64) {

@@ -132,16 +132,21 @@ public enum ReadReply: Sendable {
     case bytes([UInt8], passed: Range<Int64>? = nil)
 }
 
-public struct DirectoryEntry: Sendable {
-    public var name: FileName
+/// One entry of a listing, handed to a `ListingSink`.
+public struct ListedEntry {
+    /// The name's bytes: valid only during the call to the sink.
+    public var name: UnsafeRawBufferPointer
     public var ino: UInt64
     /// File type bits (S_IFDIR…).
     public var type: UInt32
     /// Offset of the *next* entry (what `telldir` gives after this one).
     public var nextOffset: Int64
-    /// Attributes for readdirplus (nil for "." and "..", which take no lookup).
-    public var entry: EntryReply?
 }
+
+/// Where `readdir` puts a listing's entries, in order: the adapter's reply
+/// buffer. It answers false when the entry does not fit: the listing stops
+/// there. Called with the replica's lock held: it only copies bytes.
+public typealias ListingSink = (ListedEntry) -> Bool
 
 public struct FilesystemStatistics: Sendable {
     public var blockSize: UInt64

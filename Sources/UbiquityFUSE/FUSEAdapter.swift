@@ -155,7 +155,6 @@ func makeOperations() -> fuse_lowlevel_ops {
     ops.fallocate = { FUSEOperations.fallocate($0, $1, $2, $3, $4, $5) }
     ops.opendir = { FUSEOperations.opendir($0, $1, $2) }
     ops.readdir = { FUSEOperations.readdir($0, $1, $2, $3, $4) }
-    ops.readdirplus = { FUSEOperations.readdirplus($0, $1, $2, $3, $4) }
     ops.releasedir = { FUSEOperations.releasedir($0, $1, $2) }
     ops.fsyncdir = { FUSEOperations.fsyncdir($0, $1, $2, $3) }
     ops.statfs = { FUSEOperations.statfs($0, $1) }
@@ -172,7 +171,7 @@ enum FUSEOperations {
     static func initialize(_ userdata: UnsafeMutableRawPointer?, _ conn: UnsafeMutablePointer<fuse_conn_info>?) {
         guard let conn else { return }
         let wanted = UInt32(FUSE_CAP_SPLICE_WRITE | FUSE_CAP_ATOMIC_O_TRUNC
-                            | FUSE_CAP_READDIRPLUS | FUSE_CAP_READDIRPLUS_AUTO | FUSE_CAP_PARALLEL_DIROPS
+                            | FUSE_CAP_PARALLEL_DIROPS
                             | FUSE_CAP_ASYNC_READ | FUSE_CAP_CACHE_SYMLINKS)
         conn.pointee.want |= wanted & conn.pointee.capable
         // Writes may be up to 1 MiB (libfuse's buffer); the kernel sends less if it must.
@@ -487,11 +486,7 @@ enum FUSEOperations {
     }
 
     static func readdir(_ req: fuse_req_t?, _ _: fuse_ino_t, _ size: Int, _ offset: off_t, _ fi: UnsafeMutablePointer<fuse_file_info>?) {
-        listDirectory(req, size: size, offset: offset, fi: fi, plus: false)
-    }
-
-    static func readdirplus(_ req: fuse_req_t?, _ _: fuse_ino_t, _ size: Int, _ offset: off_t, _ fi: UnsafeMutablePointer<fuse_file_info>?) {
-        listDirectory(req, size: size, offset: offset, fi: fi, plus: true)
+        listDirectory(req, size: size, offset: offset, fi: fi)
     }
 
     static func releasedir(_ req: fuse_req_t?, _ _: fuse_ino_t, _ fi: UnsafeMutablePointer<fuse_file_info>?) {
@@ -582,39 +577,31 @@ func replyXattr(_ req: fuse_req_t?, _ bytes: [UInt8], size: Int) throws {
     }
 }
 
-/// readdir and readdirplus: fill one reply buffer of at most `size` bytes.
-func listDirectory(_ req: fuse_req_t?, size: Int, offset: off_t, fi: UnsafeMutablePointer<fuse_file_info>?, plus: Bool) {
+/// readdir: fill one reply buffer of at most `size` bytes. There is no
+/// readdirplus (DESIGN.md, "What the kernel keeps").
+func listDirectory(_ req: fuse_req_t?, size: Int, offset: off_t, fi: UnsafeMutablePointer<fuse_file_info>?) {
     let ctx = FUSEContext.from(req)
     guard let fi else { fuse_reply_err(req, EBADF); return }
     let handle = UInt64(fi.pointee.fh)
     ctx.serve(req, "readdir") {
-        // An entry takes at least 32 bytes (plus: ~160), so this is an upper bound.
-        let limit = max(2, size / (plus ? 150 : 32))
-        let entries = try ctx.fs.readdir(handle: handle, offset: Int64(offset), limit: limit, plus: plus)
         let buffer = UnsafeMutablePointer<CChar>.allocate(capacity: size)
         defer { buffer.deallocate() }
         var used = 0
-        var index = 0
-        while index < entries.count {
-            let item = entries[index]
-            let needed: Int = item.name.withCString { name in
-                if plus {
-                    var e = item.entry.map(Convert.entry) ?? fuse_entry_param()
-                    if item.entry == nil { e.attr.st_ino = ino_t(item.ino); e.attr.st_mode = mode_t(item.type) }
-                    return fuse_add_direntry_plus(req, buffer + used, size - used, name, &e, off_t(item.nextOffset))
-                } else {
-                    var st = Glibc.stat()
-                    st.st_ino = ino_t(item.ino)
-                    st.st_mode = mode_t(item.type)
-                    return fuse_add_direntry(req, buffer + used, size - used, name, &st, off_t(item.nextOffset))
-                }
+        try ctx.fs.readdir(handle: handle, offset: Int64(offset)) { item in
+            // libfuse takes a NUL-terminated name.
+            let needed = withUnsafeTemporaryAllocation(of: CChar.self, capacity: item.name.count + 1) { name in
+                let name = name.baseAddress!
+                if let bytes = item.name.baseAddress { memcpy(name, bytes, item.name.count) }
+                name[item.name.count] = 0
+                var st = Glibc.stat()
+                st.st_ino = ino_t(item.ino)
+                st.st_mode = mode_t(item.type)
+                return fuse_add_direntry(req, buffer + used, size - used, name, &st, off_t(item.nextOffset))
             }
-            if needed > size - used { break }
+            guard needed <= size - used else { return false }
             used += needed
-            index += 1
+            return true
         }
-        // Entries that did not fit give back the lookup reference they took.
-        for item in entries[index...] where item.entry != nil { ctx.fs.forget(ino: item.ino, count: 1) }
         fuse_reply_buf(req, buffer, used)
     }
 }

@@ -78,11 +78,24 @@ public struct Directory: Sequence, Sendable {
     public func makeIterator() -> Iterator { Iterator(directory: self) }
 
     /// The entry at `position` (positions are 0..<count, in no particular order).
-    public func entry(at position: Int) -> (name: FileName, value: DirEntry) {
-        (name(at: entries[position].name), entries[position].value)
-    }
+    public func value(at position: Int) -> DirEntry { entries[position].value }
 
     public func cookie(at position: Int) -> UInt64 { entries[position].cookie }
+
+    /// Reads names in place, without copying them out.
+    public struct NameBytes {
+        let directory: Directory
+        let bytes: UnsafeRawBufferPointer
+
+        /// The bytes of the name at `position`, valid while the reader is.
+        public func name(at position: Int) -> UnsafeRawBufferPointer {
+            UnsafeRawBufferPointer(rebasing: bytes[directory.nameRange(at: directory.entries[position].name)])
+        }
+    }
+
+    public func withNames<R>(_ body: (NameBytes) throws -> R) rethrows -> R {
+        try names.withUnsafeBytes { try body(NameBytes(directory: self, bytes: $0)) }
+    }
 
     /// Every position, in cookie order (creation order: what a listing shows).
     public func positionsByCookie() -> [Int] {

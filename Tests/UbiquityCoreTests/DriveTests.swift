@@ -65,7 +65,7 @@ import Glibc
         var names: [String] = []
         var offset: Int64 = 0
         while true {
-            let page = try drive.readdir(handle: handle, offset: offset, limit: 3, plus: false)
+            let page = try drive.page(handle: handle, offset: offset, limit: 3)
             if page.isEmpty { break }
             names += page.map(\.name.description)
             offset = page.last!.nextOffset

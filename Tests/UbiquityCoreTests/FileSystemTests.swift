@@ -193,6 +193,20 @@ import Glibc
         }
     }
 
+    /// A listing stops where the reply is full and goes on from there: no
+    /// entry twice, none left out.
+    @Test func aListingGoesOnWhereTheReplyWasFull() throws {
+        try withDevice { d in
+            for i in 0..<10 { try d.write("f\(i)", "") }
+            let handle = try d.fs.opendir(ino: Namespace.rootIno)
+            defer { d.fs.releasedir(handle: handle) }
+            let first = try d.fs.page(handle: handle, offset: 0, limit: 5)
+            #expect(first.map(\.name.description) == [".", "..", "f0", "f1", "f2"])
+            let rest = try d.fs.page(handle: handle, offset: first.last!.nextOffset, limit: .max)
+            #expect(rest.map(\.name.description) == (3..<10).map { "f\($0)" })
+        }
+    }
+
     @Test func readdirOffsetsSurviveConcurrentChanges() throws {
         try withDevice { d in
             for i in 0..<50 { try d.write("f\(i)", "") }
@@ -202,7 +216,7 @@ import Glibc
             var offset: Int64 = 0
             var round = 0
             while true {
-                let page = try d.fs.readdir(handle: handle, offset: offset, limit: 7, plus: false)
+                let page = try d.fs.page(handle: handle, offset: offset, limit: 7)
                 if page.isEmpty { break }
                 seen += page.map(\.name.description)
                 offset = page.last!.nextOffset

@@ -9,6 +9,27 @@ import UbiquitySync
 import Glibc
 #endif
 
+/// One entry of a listing, its name copied out.
+struct ListedName {
+    var name: FileName
+    var ino: UInt64
+    var nextOffset: Int64
+}
+
+extension MountedFileSystem {
+    /// At most `limit` entries of a listing after `offset`: one page, as
+    /// the kernel reads it.
+    func page(handle: UInt64, offset: Int64, limit: Int) throws -> [ListedName] {
+        var page: [ListedName] = []
+        try readdir(handle: handle, offset: offset) { item in
+            guard page.count < limit else { return false }
+            page.append(ListedName(name: FileName(bytes: Array(item.name)), ino: item.ino, nextOffset: item.nextOffset))
+            return true
+        }
+        return page
+    }
+}
+
 /// One device for core tests: a replica in a temporary folder, a sync
 /// engine on a shared store, and the filesystem core — no kernel.
 final class TestDevice: @unchecked Sendable {   // lets only; used from one test at a time
@@ -105,7 +126,7 @@ final class TestDevice: @unchecked Sendable {   // lets only; used from one test
     func list(_ path: String) throws -> [String] {
         let handle = try fs.opendir(ino: try resolve(path))
         defer { fs.releasedir(handle: handle) }
-        return try fs.readdir(handle: handle, offset: 0, limit: 100_000, plus: false)
+        return try fs.page(handle: handle, offset: 0, limit: .max)
             .map(\.name.description).filter { $0 != "." && $0 != ".." }.sorted()
     }
 
