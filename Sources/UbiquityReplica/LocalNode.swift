@@ -95,9 +95,6 @@ public struct LocalNode: Sendable {
     public internal(set) var openCount: Int32 = 0
     public internal(set) var openWriters: Int32 = 0
     public internal(set) var opening: Int32 = 0
-    /// Writes between their check of `unacknowledgedWrites` and their update
-    /// of the node: a `close` or `fsync` meanwhile does not acknowledge them.
-    public var writesInFlight: Int32 = 0
     /// Monotonic nanoseconds of the last local content change (write-back delay).
     public var lastContentChange: UInt64 = 0
     /// When the content was last opened or downloaded, in `AccessClock`

@@ -79,6 +79,10 @@ public struct Namespace: Sendable {
     var listingClock: UInt64 = 0
     /// Runtime: what is known of cache files on disk, for journaled `fsync`s (`ContentTracker`).
     var contentTrackers: [UInt64: ContentTracker] = [:]
+    /// Runtime: writes between their check of `unacknowledgedWrites` and
+    /// their update of the node (`beginWrite`…`endWrite`), by node; a
+    /// `close` or `fsync` meanwhile does not acknowledge them.
+    var writesInFlight: [UInt64: Int32] = [:]
     /// The values a running transaction replaced (nil: no transaction).
     var undo: Undo?
     /// Set while a pull applies another device's change set: what each entry
@@ -270,26 +274,25 @@ public struct Namespace: Sendable {
     /// acknowledged. Once per open-for-write session in the usual case (the
     /// open sets the mark already), not once per write. Pair with `endWrite`.
     public mutating func beginWrite(_ ino: UInt64) -> Bool {
-        guard var node = store.node(ino) else { return false }
-        node.writesInFlight += 1
-        let marks = node.version > 0 && !node.unacknowledgedWrites
-        if marks { node.unacknowledgedWrites = true }
-        storeForWriting().set(node)
-        guard marks else { return false }
+        guard let slot = store.slot(of: ino) else { return false }
+        writesInFlight[ino, default: 0] += 1
+        guard store.version(slot: slot) > 0, !store.hasUnacknowledgedWrites(slot: slot) else { return false }
+        modifyNode(ino) { $0.unacknowledgedWrites = true }
         touched(ino)
         return true
     }
 
     /// The write begun with `beginWrite` is done (or failed).
     public mutating func endWrite(_ ino: UInt64) {
-        modifyNode(ino) { $0.writesInFlight -= 1 }
+        guard let count = writesInFlight[ino] else { return }
+        writesInFlight[ino] = count > 1 ? count - 1 : nil
     }
 
     /// Everything written to `ino` so far is acknowledged (a `close` or an
     /// `fsync` is about to commit it; the last writer went away): clear the
     /// mark — unless a write is still on its way, which nothing acknowledged.
     public mutating func acknowledgeWrites(_ ino: UInt64) {
-        guard var node = store.node(ino), node.unacknowledgedWrites, node.writesInFlight == 0 else { return }
+        guard writesInFlight[ino] == nil, var node = store.node(ino), node.unacknowledgedWrites else { return }
         node.unacknowledgedWrites = false
         storeForWriting().set(node)
         touched(ino)

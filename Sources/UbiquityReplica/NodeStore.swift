@@ -285,6 +285,8 @@ final class NodeStore: @unchecked Sendable {
 
     // Single fields, read without making the whole node (for loops over many nodes).
 
+    func hasUnacknowledgedWrites(slot: Int) -> Bool { record(slot).flags & NodeRecord.unacknowledged != 0 }
+
     func version(slot: Int) -> UInt64 {
         let r = record(slot)
         if r.flags & NodeRecord.hasExtras != 0, let version = extras[UInt32(slot)]?.version { return version }
@@ -391,7 +393,6 @@ final class NodeStore: @unchecked Sendable {
             n.openCount = x.openCount
             n.openWriters = x.openWriters
             n.opening = x.opening
-            n.writesInFlight = x.writesInFlight
         }
         if f & NodeRecord.hasHash != 0 {
             n.storedHash = x?.hash.map(StoredHash.text)
@@ -562,7 +563,7 @@ final class NodeStore: @unchecked Sendable {
         }
 
         if n.target != nil || !n.xattrs.isEmpty || !n.conflicts.isEmpty || n.rdev != 0
-            || n.openCount != 0 || n.openWriters != 0 || n.opening != 0 || n.writesInFlight != 0 {
+            || n.openCount != 0 || n.openWriters != 0 || n.opening != 0 {
             x.target = n.target
             x.xattrs = n.xattrs
             x.conflicts = n.conflicts
@@ -570,7 +571,6 @@ final class NodeStore: @unchecked Sendable {
             x.openCount = n.openCount
             x.openWriters = n.openWriters
             x.opening = n.opening
-            x.writesInFlight = n.writesInFlight
             needsExtras = true
         }
 
@@ -786,7 +786,6 @@ struct NodeExtras: Sendable {
     var openCount: Int32 = 0
     var openWriters: Int32 = 0
     var opening: Int32 = 0
-    var writesInFlight: Int32 = 0
 }
 
 /// What a node with changes not yet pushed has besides its record.

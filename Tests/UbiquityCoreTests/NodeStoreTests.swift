@@ -81,7 +81,6 @@ import UbiquityStore
         n.openCount = pick([0, 0, 1, -1, Int32.max], &r)
         n.openWriters = pick([0, 0, 2], &r)
         n.opening = pick([0, 0, 1], &r)
-        n.writesInFlight = pick([0, 0, 3], &r)
         n.lastContentChange = pick(counters, &r)
         n.lastAccess = UInt32(truncatingIfNeeded: pick(counters, &r))
         n.contentEpoch = UInt32(truncatingIfNeeded: pick(counters, &r))
