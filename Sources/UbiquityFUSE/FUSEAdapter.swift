@@ -77,10 +77,11 @@ final class FUSEContext: Sendable {
             try body()
         } catch {
             let e = UbiquityError.wrap(error)
-            if e.errno == EIO || !e.message.isEmpty && e.errno != ENOENT && e.errno != EEXIST && e.errno != ENODATA {
+            let code = e.fileOperationErrno
+            if code == EIO || !e.message.isEmpty && code != ENOENT && code != EEXIST && code != ENODATA {
                 logger.warning("\(operation): \(e)")
             }
-            fuse_reply_err(req, e.errno)
+            fuse_reply_err(req, code)
         }
     }
 

@@ -76,6 +76,6 @@ final class BodyToFile: HTTPClientResponseDelegate, @unchecked Sendable {
     }
 
     func wrongSize(_ size: String) -> S3Client.Refused {
-        S3Client.Refused(error: UbiquityError(EIO, "\(what) has \(size), not the \(sink.count) expected"))
+        S3Client.Refused(error: UbiquityError(store: .damaged, "\(what) has \(size), not the \(sink.count) expected"))
     }
 }

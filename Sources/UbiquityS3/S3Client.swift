@@ -141,7 +141,7 @@ public final class S3Client: Sendable {
                     backOff(attempt)
                     continue
                 }
-                throw UbiquityError(EHOSTDOWN, "store \(location) is not reachable: \(Self.describe(failure)) (\(attempt) tries)")
+                throw UbiquityError(store: .unreachable, "store \(location) is not reachable: \(Self.describe(failure)) (\(attempt) tries)")
             }
         }
     }
@@ -212,9 +212,9 @@ public final class S3Client: Sendable {
         case (_, "NoSuchBucket"):
             return UbiquityError(ENOENT, "bucket \(location.bucket) does not exist at \(location.endpoint.absoluteString)")
         case (403, _), (_, "InvalidAccessKeyId"), (_, "SignatureDoesNotMatch"), (_, "AccessDenied"):
-            return UbiquityError(EACCES, "the store \(location) refused the credentials (\(code)\(message)); check AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or the profile")
+            return UbiquityError(store: .refused, "the store \(location) refused the credentials (\(code)\(message)); check AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY or the profile")
         case (let status, _) where Self.isTransient(response):
-            return UbiquityError(EHOSTDOWN, "store \(location) keeps failing: \(status) \(code)\(message) (\(attempts) tries of \(what))")
+            return UbiquityError(store: .unreachable, "store \(location) keeps failing: \(status) \(code)\(message) (\(attempts) tries of \(what))")
         default:
             return UbiquityError(EIO, "store \(location): \(what) failed: \(response.status) \(code)\(message)")
         }

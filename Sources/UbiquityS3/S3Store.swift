@@ -112,10 +112,10 @@ public final class S3Store: Store, @unchecked Sendable {
         if verified.load(ordering: .relaxed) { return }
         let response = try client.send(.GET, key: location.prefix + Self.markerName, expect: [404])
         if response.errorCode == "NoSuchBucket" {
-            throw UbiquityError(EHOSTDOWN, "store \(location) is not reachable: bucket \(location.bucket) does not exist")
+            throw UbiquityError(store: .unreachable, "store \(location) is not reachable: bucket \(location.bucket) does not exist")
         }
         guard response.status == 200 else {
-            throw UbiquityError(EHOSTDOWN, "store \(location) has no \(Self.markerName): it is not reachable (emptied or replaced?)")
+            throw UbiquityError(store: .unreachable, "store \(location) has no \(Self.markerName): it is not reachable (emptied or replaced?)")
         }
         guard try Self.readMarker(response.body, location) == storeID else {
             throw UbiquityError(EINVAL, "\(location) now holds a different store than the one this device used there; refusing to mix them")
@@ -132,7 +132,7 @@ public final class S3Store: Store, @unchecked Sendable {
             throw UbiquityError(EINVAL, "store marker \(location)/\(markerName) is damaged; refusing to use it as a store")
         }
         guard marker.format <= formatVersion else {
-            throw UbiquityError(EPROTONOSUPPORT, "store \(location) has format \(marker.format); this ubiquityfs reads format \(formatVersion) — upgrade it")
+            throw UbiquityError(store: .unsupported, "store \(location) has format \(marker.format); this ubiquityfs reads format \(formatVersion) — upgrade it")
         }
         return marker.storeID
     }
@@ -489,9 +489,9 @@ public final class S3Store: Store, @unchecked Sendable {
     public func fetchBlob(_ hash: String) throws -> Data {
         try verifyMarker()
         let response = try client.send(.GET, key: blobKey(hash), expect: [404])
-        guard response.status != 404 else { throw UbiquityError(EIO, "blob \(hash) missing from the store") }
+        guard response.status != 404 else { throw UbiquityError(store: .damaged, "blob \(hash) missing from the store") }
         guard ContentCopy.hash(of: response.body) == hash else {
-            throw UbiquityError(EIO, "blob \(hash) in the store is damaged (its content does not match its name)")
+            throw UbiquityError(store: .damaged, "blob \(hash) in the store is damaged (its content does not match its name)")
         }
         return response.body
     }
@@ -503,12 +503,12 @@ public final class S3Store: Store, @unchecked Sendable {
         let sink = S3Client.FileSink(fd: fd, offset: offset, count: size)
         // A body of another size is refused by the sink: EIO naming the blob's key.
         let response = try client.send(.GET, key: blobKey(hash), expect: [404], into: sink)
-        guard response.status != 404 else { throw UbiquityError(EIO, "blob \(hash) missing from the store") }
+        guard response.status != 404 else { throw UbiquityError(store: .damaged, "blob \(hash) missing from the store") }
         guard let written = response.written, written.count == size else {
-            throw UbiquityError(EIO, "blob \(hash) has the wrong size (\(response.written?.count ?? 0) bytes, not \(size))")
+            throw UbiquityError(store: .damaged, "blob \(hash) has the wrong size (\(response.written?.count ?? 0) bytes, not \(size))")
         }
         guard written.hash == hash else {
-            throw UbiquityError(EIO, "blob \(hash) in the store is damaged (its content does not match its name)")
+            throw UbiquityError(store: .damaged, "blob \(hash) in the store is damaged (its content does not match its name)")
         }
     }
 
@@ -518,17 +518,17 @@ public final class S3Store: Store, @unchecked Sendable {
         guard count > 0 else { return Data() }
         let last = offset + UInt64(count) - 1
         let response = try client.send(.GET, key: blobKey(hash), headers: [("range", "bytes=\(offset)-\(last)")], expect: [404, 416])
-        guard response.status != 404 else { throw UbiquityError(EIO, "pack \(hash) missing from the store") }
+        guard response.status != 404 else { throw UbiquityError(store: .damaged, "pack \(hash) missing from the store") }
         var body = response.body
         if response.status == 200 {
             // A server that ignores Range sends the whole object.
             guard UInt64(body.count) > last else {
-                throw UbiquityError(EIO, "pack \(hash) in the store ends before bytes \(offset) to \(last + 1) (cut short or damaged)")
+                throw UbiquityError(store: .damaged, "pack \(hash) in the store ends before bytes \(offset) to \(last + 1) (cut short or damaged)")
             }
             body = body.subdata(in: Int(offset)..<Int(offset) + count)
         }
         guard response.status != 416, body.count == count else {
-            throw UbiquityError(EIO, "pack \(hash) in the store ends before bytes \(offset) to \(last + 1) (cut short or damaged)")
+            throw UbiquityError(store: .damaged, "pack \(hash) in the store ends before bytes \(offset) to \(last + 1) (cut short or damaged)")
         }
         return body
     }

@@ -91,7 +91,7 @@ public final class FolderStore: Store {
                 throw UbiquityError(EINVAL, "store marker \(markerURL.path) is damaged; refusing to use this folder as a store")
             }
             guard marker.format <= Self.formatVersion else {
-                throw UbiquityError(EPROTONOSUPPORT, "store \(self.root.path) has format \(marker.format); this ubiquityfs reads format \(Self.formatVersion) — upgrade it")
+                throw UbiquityError(store: .unsupported, "store \(self.root.path) has format \(marker.format); this ubiquityfs reads format \(Self.formatVersion) — upgrade it")
             }
             storeID = marker.storeID
             formatFlag = Atomic(marker.format)
@@ -102,7 +102,7 @@ public final class FolderStore: Store {
             if !self.shared { Self.makePrivate(self.root) }
         } else {
             guard access(self.root.path, R_OK) == 0 else {
-                throw UbiquityError(EACCES, "store \(self.root.path) is not readable")
+                throw UbiquityError(store: .refused, "store \(self.root.path) is not readable")
             }
             let contents = (try? fm.contentsOfDirectory(atPath: self.root.path)) ?? []
             guard contents.isEmpty else {
@@ -149,7 +149,7 @@ public final class FolderStore: Store {
         guard mkdir(url.path, directoryMode) == 0 else {
             if errno == EEXIST { return }
             let code = errno
-            if code == ENOENT { throw UbiquityError(EHOSTDOWN, "store folder \(parent.path) vanished") }
+            if code == ENOENT { throw UbiquityError(store: .unreachable, "store folder \(parent.path) vanished") }
             throw UbiquityError(code, "create \(url.path): \(String(cString: strerror(code)))")
         }
         // The umask may have taken bits away; a set-gid bit inherited from the
@@ -170,7 +170,7 @@ public final class FolderStore: Store {
 
     static func ensureWritable(_ root: URL) throws {
         guard access(root.path, W_OK | X_OK) == 0 else {
-            throw UbiquityError(EACCES, "store \(root.path) is not writable")
+            throw UbiquityError(store: .refused, "store \(root.path) is not writable")
         }
     }
 
@@ -203,7 +203,7 @@ public final class FolderStore: Store {
     func checkReachable() throws {
         guard isReachable else {
             reachableConfirmedAt.store(0, ordering: .relaxed)
-            throw UbiquityError(EHOSTDOWN, "store \(root.path) is not reachable")
+            throw UbiquityError(store: .unreachable, "store \(root.path) is not reachable")
         }
         reachableConfirmedAt.store(DispatchTime.now().uptimeNanoseconds, ordering: .relaxed)
     }
@@ -491,7 +491,7 @@ public final class FolderStore: Store {
     /// since durable: far cheaper than an fsync per small blob.
     public func flushBlobs() throws {
         let fd = open(root.path, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
-        guard fd >= 0 else { throw UbiquityError(EHOSTDOWN, "store \(root.path) is not reachable") }
+        guard fd >= 0 else { throw UbiquityError(store: .unreachable, "store \(root.path) is not reachable") }
         defer { close(fd) }
         try syscallRetrying("syncfs \(root.path)") { LinuxCalls.syncfs(fd) }
     }
@@ -511,7 +511,7 @@ public final class FolderStore: Store {
             }
         }
         guard done == count else {
-            throw UbiquityError(EIO, "pack \(hash) in the store ends before bytes \(offset) to \(offset + UInt64(count)) (cut short or damaged)")
+            throw UbiquityError(store: .damaged, "pack \(hash) in the store ends before bytes \(offset) to \(offset + UInt64(count)) (cut short or damaged)")
         }
         return data
     }
@@ -617,7 +617,7 @@ public final class FolderStore: Store {
     }
 
     static func damaged(_ hash: String) -> UbiquityError {
-        UbiquityError(EIO, "blob \(hash) in the store is damaged (its content does not match its name)")
+        UbiquityError(store: .damaged, "blob \(hash) in the store is damaged (its content does not match its name)")
     }
 
     /// Read blob `hash` into `buffer` a window (`ChunkBuffer.size`) at a
@@ -631,7 +631,7 @@ public final class FolderStore: Store {
         defer { close(source) }
         var st = stat()
         guard fstat(source, &st) == 0 else { throw UbiquityError.posix("stat blob \(hash)") }
-        guard st.st_size == size else { throw UbiquityError(EIO, "blob \(hash) has the wrong size") }
+        guard st.st_size == size else { throw UbiquityError(store: .damaged, "blob \(hash) has the wrong size") }
         var direct: Int32?      // opened when the page cache lacks something
         defer { if let direct, direct >= 0 { close(direct) } }
         var window = 0
@@ -673,20 +673,21 @@ public final class FolderStore: Store {
                 if code == EINVAL && useDirect { useDirect = false; continue }   // alignment refused
                 throw UbiquityError.posix("read blob \(hash)", errno: code)
             }
-            guard n > 0 else { throw UbiquityError(EIO, "blob \(hash) in the store was cut short while read") }
+            guard n > 0 else { throw UbiquityError(store: .damaged, "blob \(hash) in the store was cut short while read") }
             done += min(n, end - done)
             // O_DIRECT reads whole blocks; a short one (end of file) ends unaligned.
             if useDirect && done % ChunkBuffer.alignment != 0 && done < end { useDirect = false }
         }
     }
 
-    /// Open blob `hash` for reading; a missing one is `EIO` naming it (a
-    /// blob, or a pack) — the store lost something it said it held.
+    /// Open blob `hash` for reading; a missing one is damage naming it (a
+    /// blob, or a pack): the store lost something it said it held.
     func openBlob(_ hash: String, naming kind: String = "blob") throws -> Int32 {
         let fd = open(blobPath(hash), O_RDONLY | O_CLOEXEC)
         guard fd >= 0 else {
             let code = errno
-            throw UbiquityError(EIO, "\(kind) \(hash) missing from the store: \(String(cString: strerror(code)))")
+            guard code == ENOENT else { throw UbiquityError(EIO, "open \(kind) \(hash) in the store: \(String(cString: strerror(code)))") }
+            throw UbiquityError(store: .damaged, "\(kind) \(hash) missing from the store")
         }
         return fd
     }
@@ -732,7 +733,7 @@ public final class FolderStore: Store {
         if exclusive {
             guard link(tmp.path, url.path) == 0 else {
                 let code = errno
-                if code == ENOENT { throw UbiquityError(EHOSTDOWN, "store folder \(url.deletingLastPathComponent().path) vanished") }
+                if code == ENOENT { throw UbiquityError(store: .unreachable, "store folder \(url.deletingLastPathComponent().path) vanished") }
                 throw UbiquityError(code, "publish \(url.path): \(String(cString: strerror(code)))")
             }
         } else {

@@ -207,13 +207,13 @@ extension Store {
 
     public func copyBlob(_ hash: String, size: Int, into fd: Int32, at offset: UInt64) throws {
         let data = try fetchBlob(hash)
-        guard data.count == size else { throw UbiquityError(EIO, "blob \(hash) has the wrong size") }
+        guard data.count == size else { throw UbiquityError(store: .damaged, "blob \(hash) has the wrong size") }
         try ContentCopy.write(data, to: fd, at: offset)
     }
 
     public func readBlob(_ hash: String, size: Int, into buffer: UnsafeMutableRawPointer) throws {
         let data = try fetchBlob(hash)
-        guard data.count == size, size <= ChunkBuffer.size else { throw UbiquityError(EIO, "blob \(hash) has the wrong size") }
+        guard data.count == size, size <= ChunkBuffer.size else { throw UbiquityError(store: .damaged, "blob \(hash) has the wrong size") }
         data.withUnsafeBytes { if let bytes = $0.baseAddress { buffer.copyMemory(from: bytes, byteCount: size) } }
     }
 
@@ -224,7 +224,7 @@ extension Store {
     public func fetchBlobRange(_ hash: String, offset: UInt64, count: Int) throws -> Data {
         let whole = try fetchBlob(hash)
         guard offset <= UInt64(whole.count), UInt64(count) <= UInt64(whole.count) - offset else {
-            throw UbiquityError(EIO, "pack \(hash) in the store has \(whole.count) bytes, not the \(offset + UInt64(count)) a record says")
+            throw UbiquityError(store: .damaged, "pack \(hash) in the store has \(whole.count) bytes, not the \(offset + UInt64(count)) a record says")
         }
         return whole.subdata(in: Int(offset)..<Int(offset) + count)
     }
@@ -234,11 +234,11 @@ extension Store {
     /// its end or bytes that do not match are `EIO` naming the pack, never data.
     public func fetchPacked(_ location: PackLocation, contentHash: String, size: UInt64) throws -> Data {
         guard size < UInt64(PackLayout.memberLimit), location.offset <= UInt64(PackLayout.maxPackSize) - size else {
-            throw UbiquityError(EIO, "pack \(location.hash): bytes \(location.offset) + \(size) cannot be in a pack")
+            throw UbiquityError(store: .damaged, "pack \(location.hash): bytes \(location.offset) + \(size) cannot be in a pack")
         }
         let data = try fetchBlobRange(location.hash, offset: location.offset, count: Int(size))
         guard data.count == Int(size), ContentCopy.hash(of: data) == contentHash else {
-            throw UbiquityError(EIO, "pack \(location.hash) in the store is damaged: bytes \(location.offset) to \(location.offset + size) do not match content \(contentHash)")
+            throw UbiquityError(store: .damaged, "pack \(location.hash) in the store is damaged: bytes \(location.offset) to \(location.offset + size) do not match content \(contentHash)")
         }
         return data
     }

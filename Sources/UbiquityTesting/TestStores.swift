@@ -214,8 +214,8 @@ public final class InMemoryStore: Store {
     public func flushBlobs() throws {}
 
     public func fetchBlob(_ hash: String) throws -> Data {
-        guard let data = state.withLock({ $0.blobs[hash] }) else { throw UbiquityError(EIO, "blob \(hash) missing from store") }
-        guard ContentCopy.hash(of: data) == hash else { throw UbiquityError(EIO, "blob \(hash) in the store is damaged") }
+        guard let data = state.withLock({ $0.blobs[hash] }) else { throw UbiquityError(store: .damaged, "blob \(hash) missing from store") }
+        guard ContentCopy.hash(of: data) == hash else { throw UbiquityError(store: .damaged, "blob \(hash) in the store is damaged") }
         return data
     }
 
@@ -260,7 +260,7 @@ public final class FaultyStore: Store, CustomStringConvertible {
     public func fail(_ operations: Set<Operation>) { failing.withLock { $0 = operations } }
 
     func check(_ operation: Operation) throws {
-        if failing.withLock({ $0.contains(operation) }) { throw UbiquityError(EHOSTDOWN, "injected fault: store unreachable") }
+        if failing.withLock({ $0.contains(operation) }) { throw UbiquityError(store: .unreachable, "injected fault: store unreachable") }
     }
 
     public func containerConfig(_ container: String) throws -> ContainerConfig? { try base.containerConfig(container) }
@@ -272,7 +272,7 @@ public final class FaultyStore: Store, CustomStringConvertible {
     public func commit(container: String, seq: UInt64, changeSet: ChangeSet) throws -> Bool {
         try check(.commit)
         let committed = try base.commit(container: container, seq: seq, changeSet: changeSet)
-        if committed, loseCommitReplies.withLock({ $0 }) { throw UbiquityError(EHOSTDOWN, "injected fault: the commit's reply was lost") }
+        if committed, loseCommitReplies.withLock({ $0 }) { throw UbiquityError(store: .unreachable, "injected fault: the commit's reply was lost") }
         return committed
     }
     public func journal(container: String, after seq: UInt64, limit: Int) throws -> [JournalRecord] {

@@ -333,6 +333,7 @@ func changeSet(_ device: String, _ n: Int = 0) -> ChangeSet {
             Issue.record("a missing blob was read")
         } catch let error as UbiquityError {
             #expect(error.errno == EIO)
+            #expect(error.store == .damaged && error.fileOperationErrno == EIO)
         }
     }
 
@@ -362,6 +363,7 @@ func changeSet(_ device: String, _ n: Int = 0) -> ChangeSet {
                 Issue.record("a bad blob was copied as good")
             } catch let error as UbiquityError {
                 #expect(error.errno == EIO)
+                #expect(error.store == .damaged, "\(error)")
             } catch {
                 Issue.record("unexpected \(error)")
             }
@@ -405,6 +407,7 @@ func changeSet(_ device: String, _ n: Int = 0) -> ChangeSet {
                 Issue.record("read what it should have refused")
             } catch let error as UbiquityError {
                 #expect(error.errno == EIO)
+                #expect(error.store == .damaged, "\(error)")
                 #expect(error.message.contains(name), "\(error.message)")
             } catch {
                 Issue.record("\(error)")
@@ -460,6 +463,7 @@ func changeSet(_ device: String, _ n: Int = 0) -> ChangeSet {
             Issue.record("an unreachable store answered")
         } catch let error as UbiquityError {
             #expect(error.errno == EHOSTDOWN)
+            #expect(error.store == .unreachable && error.fileOperationErrno == EIO)
         }
     }
 
@@ -471,6 +475,7 @@ func changeSet(_ device: String, _ n: Int = 0) -> ChangeSet {
             Issue.record("wrong credentials were accepted")
         } catch let error as UbiquityError {
             #expect(error.errno == EACCES)
+            #expect(error.store == .refused, "\(error)")
             #expect(!error.message.contains("not-the-secret"))
         }
         do {
@@ -494,6 +499,7 @@ func changeSet(_ device: String, _ n: Int = 0) -> ChangeSet {
             Issue.record("a store nobody answers for was opened as new")
         } catch let error as UbiquityError {
             #expect(error.errno == EHOSTDOWN)
+            #expect(error.store == .unreachable)
         }
     }
 
