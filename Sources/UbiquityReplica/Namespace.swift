@@ -608,10 +608,11 @@ public struct Namespace: Sendable {
     mutating func shrinkSparseTables() {
         if pendingEntries.isSparse { pendingEntries.shrink() }
         if unpushed.isSparse { unpushed.shrink() }
-        if store.unsettled.isSparse || store.extras.isSparse || store.wideIDs.isSparse {
+        if store.unsettled.isSparse || store.extras.isSparse || store.opens.isSparse || store.wideIDs.isSparse {
             let store = storeForWriting()
             if store.unsettled.isSparse { store.unsettled.shrink() }
             if store.extras.isSparse { store.extras.shrink() }
+            if store.opens.isSparse { store.opens.shrink() }
             if store.wideIDs.isSparse { store.wideIDs.shrink() }
         }
     }

@@ -18,8 +18,10 @@ import UbiquityModel
 /// - **Everything else is in a side table holding only the nodes that
 ///   need it**: `unsettled` (what a node with changes not yet pushed
 ///   needs: `pushed`, `pushedGeneration`, `hashSize`, `lastContentChange`)
+///   `opens` (the open counts of a node open or being opened: every write
+///   reads and writes its node, which must not cost a copy of its extras),
 ///   and `extras` (symlink targets, xattrs, conflicts, device numbers,
-///   open counts, an ID or hash that is not in canonical form, and any
+///   an ID or hash that is not in canonical form, and any
 ///   value past its field's width), and `wideIDs` (a UUID of another
 ///   kind, such as the random ones of earlier versions: 16 bytes).
 ///   `LocalNode` values are made from the record and its side entries when
@@ -59,6 +61,7 @@ final class NodeStore: @unchecked Sendable {
     var idCount = 0
     var idExceptions: [StoredID: UInt64] = [:]
     var extras: [UInt32: NodeExtras] = [:]
+    var opens: [UInt32: OpenCounts] = [:]
     var unsettled: [UInt32: Unsettled] = [:]
     var wideIDs: [UInt32: WideID] = [:]
     var idSeries = Interner<IDSeries>()
@@ -72,7 +75,7 @@ final class NodeStore: @unchecked Sendable {
         let c = NodeStore()
         c.chunks = chunks; c.slotEnd = slotEnd; c.freeSlots = freeSlots; c.count = count
         c.inoBuckets = inoBuckets; c.idBuckets = idBuckets; c.idCount = idCount; c.idExceptions = idExceptions
-        c.extras = extras; c.unsettled = unsettled; c.wideIDs = wideIDs; c.idSeries = idSeries
+        c.extras = extras; c.opens = opens; c.unsettled = unsettled; c.wideIDs = wideIDs; c.idSeries = idSeries
         c.profiles = profiles; c.authors = authors; c.dirs = dirs
         return c
     }
@@ -355,6 +358,7 @@ final class NodeStore: @unchecked Sendable {
         removeIno(slot: slot)
         let flags = record(slot).flags
         if flags & NodeRecord.hasExtras != 0 { extras[UInt32(slot)] = nil }
+        if flags & NodeRecord.isOpen != 0 { opens[UInt32(slot)] = nil }
         if flags & NodeRecord.hasUnsettled != 0 { unsettled[UInt32(slot)] = nil }
         if flags & NodeRecord.idElsewhere != 0 { wideIDs[UInt32(slot)] = nil }
         setRecord(slot, NodeRecord())
@@ -390,9 +394,11 @@ final class NodeStore: @unchecked Sendable {
             n.target = x.target
             n.xattrs = x.xattrs
             n.conflicts = x.conflicts
-            n.openCount = x.openCount
-            n.openWriters = x.openWriters
-            n.opening = x.opening
+        }
+        if f & NodeRecord.isOpen != 0, let o = opens[UInt32(slot)] {
+            n.openCount = o.openCount
+            n.openWriters = o.openWriters
+            n.opening = o.opening
         }
         if f & NodeRecord.hasHash != 0 {
             n.storedHash = x?.hash.map(StoredHash.text)
@@ -562,16 +568,18 @@ final class NodeStore: @unchecked Sendable {
             }
         }
 
-        if n.target != nil || !n.xattrs.isEmpty || !n.conflicts.isEmpty || n.rdev != 0
-            || n.openCount != 0 || n.openWriters != 0 || n.opening != 0 {
+        if n.target != nil || !n.xattrs.isEmpty || !n.conflicts.isEmpty || n.rdev != 0 {
             x.target = n.target
             x.xattrs = n.xattrs
             x.conflicts = n.conflicts
             x.rdev = n.rdev
-            x.openCount = n.openCount
-            x.openWriters = n.openWriters
-            x.opening = n.opening
             needsExtras = true
+        }
+        if n.openCount != 0 || n.openWriters != 0 || n.opening != 0 {
+            f |= NodeRecord.isOpen
+            opens[key] = OpenCounts(openCount: n.openCount, openWriters: n.openWriters, opening: n.opening)
+        } else if previousFlags & NodeRecord.isOpen != 0 {
+            opens[key] = nil
         }
 
         if needsExtras {
@@ -719,7 +727,9 @@ struct NodeRecord: Sendable {
     static let verifiedShift: UInt32 = 9
     /// atime: 0 btime, 1 mtime, 2 ctime, 3 in `extras`.
     static let atimeShift: UInt32 = 11
-    // Bits 13–14 are free.
+    /// The node is open or being opened: its counts are in `opens`.
+    static let isOpen: UInt32 = 1 << 13
+    // Bit 14 is free.
     /// lastName: 0 empty, 1 the entry's bytes (`nameOffset` in the directory `lastParent`), 2 in `extras`.
     static let nameShift: UInt32 = 15
     /// The ID is not a series number and count: it is in `wideIDs` or (text) in `extras`.
@@ -783,9 +793,13 @@ struct NodeExtras: Sendable {
     var xattrs: [String: Data] = [:]
     var conflicts: [NodeID] = []
     var rdev: UInt64 = 0
-    var openCount: Int32 = 0
-    var openWriters: Int32 = 0
-    var opening: Int32 = 0
+}
+
+/// The open counts of a node open or being opened (`LocalNode.openCount`…).
+struct OpenCounts: Sendable {
+    var openCount: Int32
+    var openWriters: Int32
+    var opening: Int32
 }
 
 /// What a node with changes not yet pushed has besides its record.
