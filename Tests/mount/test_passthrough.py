@@ -54,12 +54,17 @@ def connection(dev) -> int:
 def reads_reaching(dev, action) -> int:
     """Run `action`; how many READ requests the kernel sent to `dev`'s daemon meanwhile."""
     enable = TRACING / "events/fuse/fuse_request_send/enable"
+    # Recording may have been left off by someone else's tracing: on for the action.
+    recording = TRACING / "tracing_on"
+    was_recording = recording.read_text().strip()
     (TRACING / "trace").write_text("")
     enable.write_text("1")
+    recording.write_text("1")
     try:
         action()
     finally:
         enable.write_text("0")
+        recording.write_text(was_recording)
     pattern = re.compile(rf"fuse_request_send: connection {connection(dev)} req \d+ opcode {FUSE_READ} ")
     return sum(1 for line in (TRACING / "trace").read_text().splitlines() if pattern.search(line))
 
