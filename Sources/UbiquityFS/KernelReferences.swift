@@ -52,7 +52,7 @@ final class KernelReferences: Sendable {
     }
     let state = Lock(State())
 
-    /// The kernel got a reference to `ino` (a lookup, create, readdirplus…).
+    /// The kernel got a reference to `ino` (a lookup, create, mkdir…).
     func hold(_ ino: UInt64, in ns: inout Namespace) {
         let counted = state.withLock { s -> Bool in
             guard !s.released else { return false }
