@@ -93,6 +93,7 @@ public struct Directory: Sequence, Sendable {
         }
     }
 
+    /// Run `body` with a reader of the names in place (a listing: no name copied out).
     public func withNames<R>(_ body: (NameBytes) throws -> R) rethrows -> R {
         try names.withUnsafeBytes { try body(NameBytes(directory: self, bytes: $0)) }
     }

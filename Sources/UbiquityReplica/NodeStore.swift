@@ -17,7 +17,7 @@ import UbiquityModel
 ///   `mtime` or `ctime`), `verifiedHash` (equal to `hash`).
 /// - **Everything else is in a side table holding only the nodes that
 ///   need it**: `unsettled` (what a node with changes not yet pushed
-///   needs: `pushed`, `pushedGeneration`, `hashSize`, `lastContentChange`)
+///   needs: `pushed`, `pushedGeneration`, `hashSize`, `lastContentChange`),
 ///   `opens` (the open counts of a node open or being opened: every write
 ///   reads and writes its node, which must not cost a copy of its extras),
 ///   and `extras` (symlink targets, xattrs, conflicts, device numbers,
