@@ -47,8 +47,8 @@ public struct UbiquityError: Error, CustomStringConvertible, Sendable {
 
     /// The same message (and store failure) with another errno (to keep the cause's errno, e.g. EHOSTDOWN).
     public func withErrno(_ code: Int32) -> UbiquityError {
-        var e = UbiquityError(code, message)
-        e.store = store
+        var e = self
+        e.errno = code
         return e
     }
 
@@ -57,7 +57,6 @@ public struct UbiquityError: Error, CustomStringConvertible, Sendable {
         UbiquityError(code, "\(context): \(String(cString: strerror(code)))")
     }
 }
-
 
 /// The kinds of store failure, each with the errno the store's callers
 /// (the sync engine, the CLI) see.
